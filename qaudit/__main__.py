@@ -1,0 +1,3 @@
+from qaudit.cli import main
+
+main()

@@ -1,0 +1,98 @@
+"""The `qaudit` command line."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from typing import Optional
+
+import typer
+
+from qaudit import __version__
+from qaudit.errors import EnvironmentProblem, InputError
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="Audit Megatron-LM / Transformer Engine quantization and gradient "
+                       "accumulation before a long training run.")
+
+
+class Policy(str, Enum):
+    legacy = "legacy"
+    config = "config"
+    module = "module"
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+class RuntimeChoice(str, Enum):
+    auto = "auto"
+    reference = "reference"
+    te = "te"
+
+
+def _fail(message: str, code: int) -> None:
+    typer.echo(message, err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def check(
+    config: str = typer.Argument(..., help="Model config YAML (TransformerConfig field names, "
+                                 "flat or under 'model:'). gradient_accumulation_fusion defaults "
+                                 "to true, as on Megatron's training command line."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Quant recipe YAML "
+                                         "(configs + matchers); wins over the config's quant_recipe."),
+    policy: Policy = typer.Option(Policy.config, help="Megatron's is_first_microbatch tracking: "
+                                  "legacy (before PR #6965), config (PR #6965, upstream), "
+                                  "module (PR #7353)."),
+    steps: int = typer.Option(2, min=1, max=100, help="Training steps to run."),
+    microbatches: int = typer.Option(2, min=1, max=64, help="Microbatches per step."),
+    output_format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
+                                               help="Output format."),
+    runtime: RuntimeChoice = typer.Option(RuntimeChoice.auto, help="auto, reference (pure "
+                                          "PyTorch, CPU) or te (Transformer Engine, CUDA)."),
+    seed: int = typer.Option(0, help="Seed for weights and data."),
+) -> None:
+    """Build the model, run a few steps, and report every TE module. Exit 1 on errors."""
+    from qaudit.audit import AuditOptions, audit_files
+    from qaudit.render.json import render_json
+    from qaudit.render.table import render_table
+
+    options = AuditOptions(policy=policy.value, steps=steps, microbatches=microbatches,
+                           runtime=runtime.value, seed=seed)
+    try:
+        report = audit_files(config, recipe, options)
+    except InputError as exc:
+        _fail(f"error: {exc}", EXIT_USAGE)
+    except EnvironmentProblem as exc:
+        _fail(f"error: {exc}", EXIT_INTERNAL)
+    code = EXIT_FINDINGS if report.counts().get("error") else EXIT_OK
+    render = render_json if output_format is OutputFormat.json else render_table
+    sys.stdout.write(render(report, code))
+    raise typer.Exit(code)
+
+
+@app.command()
+def version() -> None:
+    """Print qaudit's version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    """Console entry point: internal errors exit 3 with a short message, never a traceback."""
+    try:
+        app()
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - last line of defence for exit code 3
+        sys.stderr.write(f"internal error: {type(exc).__name__}: {exc}\n"
+                         "This is a bug in qaudit; please report it with the input files.\n")
+        sys.exit(EXIT_INTERNAL)

@@ -1,0 +1,288 @@
+"""The model config: Megatron `TransformerConfig` field names, with the YAML line of each key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from qaudit.errors import InputError
+from qaudit.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
+from qaudit.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
+from qaudit.yamlio import YamlList, YamlMap, did_you_mean, load_yaml, type_name
+
+
+@dataclass
+class ModelConfig:
+    """The fields the audit models; defaults as upstream `TransformerConfig`.
+
+    Exception: `gradient_accumulation_fusion` defaults to True, as on Megatron's training
+    command line (`--no-gradient-accumulation-fusion` turns it off), not False as in the
+    dataclass, because that is what real training runs use.
+    """
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int | None = None
+    num_query_groups: int | None = None
+    kv_channels: int | None = None
+    gated_linear_unit: bool = False
+    num_moe_experts: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_layer_freq: int | list[int] = 1
+    moe_grouped_gemm: bool = False
+    moe_router_topk: int = 2
+    mtp_num_layers: int | None = None
+    mtp_use_repeated_layer: bool = False
+    fp8: str | None = None
+    fp8_recipe: str = "delayed"
+    fp4: str | None = None
+    fp4_recipe: str = "nvfp4"
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: int = 1
+    num_layers_at_end_in_bf16: int = 1
+    fp8_output_proj: bool = False
+    gradient_accumulation_fusion: bool = True
+    disable_parameter_transpose_cache: bool = False
+    use_kitchen: bool = False
+    share_embeddings_and_output_weights: bool = True
+    vocab_size: int | None = None
+    quant_recipe: str | None = None
+    # Where each key was written; not a model field.
+    source: "ConfigSource" = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    # --- derived facts, used by the planner and the model builder -------------------------
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_moe_experts)
+
+    @property
+    def mtp_depths(self) -> int:
+        return self.mtp_num_layers or 0
+
+    def moe_layer_pattern(self) -> list[bool]:
+        """Per decoder layer: True for an MoE layer (Megatron's `moe_layer_freq` rule)."""
+        if not self.is_moe:
+            return [False] * self.num_layers
+        if isinstance(self.moe_layer_freq, list):
+            return [bool(v) for v in self.moe_layer_freq]
+        return [i % self.moe_layer_freq == 0 for i in range(self.num_layers)]
+
+    def global_fp8(self) -> Quant | None:
+        return Quant("fp8", self.fp8_recipe, self.fp8) if self.fp8 else None
+
+    def global_fp4(self) -> Quant | None:
+        return Quant("fp4", self.fp4_recipe) if self.fp4 else None
+
+    def is_tracked(self) -> bool:
+        """Megatron's config-level `is_first_microbatch` tracking / re-arming predicate."""
+        return bool(self.fp8 or self.fp4 or self.use_kitchen or self.quant_recipe)
+
+    def line_of(self, key: str) -> int | None:
+        return self.source.line_of(key) if self.source else None
+
+    @property
+    def file(self) -> str | None:
+        return self.source.file if self.source else None
+
+
+@dataclass
+class ConfigSource:
+    file: str
+    path: Path
+    mapping: YamlMap
+
+    def line_of(self, key: str) -> int | None:
+        if key in self.mapping.key_lines:
+            return self.mapping.key_lines[key]
+        return None
+
+
+# --- field validation ---------------------------------------------------------------------
+
+Check = Callable[[str, Any], Any]
+
+
+def _int(minimum: int) -> Check:
+    def check(key: str, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {type_name(value)} {value!r}")
+        if value < minimum:
+            raise ValueError(f"must be >= {minimum}, got {value}")
+        if value > 1_000_000:
+            raise ValueError(f"{value} is not a plausible size (limit 1,000,000)")
+        return value
+    return check
+
+
+def _optional(inner: Check) -> Check:
+    def check(key: str, value: Any) -> Any:
+        return None if value is None else inner(key, value)
+    return check
+
+
+def _bool(key: str, value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {type_name(value)} {value!r}")
+    return value
+
+
+def _choice(*choices: str, nullable: bool = False) -> Check:
+    def check(key: str, value: Any) -> Any:
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str) or value not in choices:
+            allowed = ", ".join(choices) + (", null" if nullable else "")
+            hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+            raise ValueError(f"expected one of {allowed}; got {value!r}{hint}")
+        return value
+    return check
+
+
+def _string(key: str, value: Any) -> Any:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"expected a path string, got {type_name(value)} {value!r}")
+    return value
+
+
+def _layer_freq(key: str, value: Any) -> Any:
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, bool) or item not in (0, 1):
+                raise ValueError(f"a list must hold only 0 and 1 (one per layer), got {item!r}")
+        return list(value)
+    return _int(1)(key, value)
+
+
+_POSITIVE = _int(1)
+_CHECKS: dict[str, Check] = {
+    "num_layers": _POSITIVE,
+    "hidden_size": _POSITIVE,
+    "num_attention_heads": _POSITIVE,
+    "ffn_hidden_size": _optional(_POSITIVE),
+    "num_query_groups": _optional(_POSITIVE),
+    "kv_channels": _optional(_POSITIVE),
+    "gated_linear_unit": _bool,
+    "num_moe_experts": _optional(_POSITIVE),
+    "moe_ffn_hidden_size": _optional(_POSITIVE),
+    "moe_shared_expert_intermediate_size": _optional(_POSITIVE),
+    "moe_layer_freq": _layer_freq,
+    "moe_grouped_gemm": _bool,
+    "moe_router_topk": _POSITIVE,
+    "mtp_num_layers": _optional(_int(0)),
+    "mtp_use_repeated_layer": _bool,
+    "fp8": _choice(*FP8_FORMATS, nullable=True),
+    "fp8_recipe": _choice(*FP8_RECIPES, "custom"),
+    "fp4": _choice("e2m1", nullable=True),
+    "fp4_recipe": _choice(*FP4_RECIPES, "custom"),
+    "first_last_layers_bf16": _bool,
+    "num_layers_at_start_in_bf16": _int(0),
+    "num_layers_at_end_in_bf16": _int(0),
+    "fp8_output_proj": _bool,
+    "gradient_accumulation_fusion": _bool,
+    "disable_parameter_transpose_cache": _bool,
+    "use_kitchen": _bool,
+    "share_embeddings_and_output_weights": _bool,
+    "vocab_size": _optional(_POSITIVE),
+    "quant_recipe": _string,
+}
+MODELLED_FIELDS = frozenset(f.name for f in fields(ModelConfig) if f.name != "source")
+assert MODELLED_FIELDS == frozenset(_CHECKS), "every modelled field needs a check"
+REQUIRED_FIELDS = ("num_layers", "hidden_size", "num_attention_heads")
+# Upstream fields the audit does not model are accepted as is: they do not change which TE
+# modules exist, how often they run or in which precision.
+ACCEPTED_FIELDS = (TRANSFORMER_CONFIG_FIELDS | MODEL_PROVIDER_FIELDS) - MODELLED_FIELDS
+
+
+def load_model_config(path: Path, display: str | None = None) -> ModelConfig:
+    display = display or str(path)
+    document = load_yaml(path, display)
+    if not isinstance(document, YamlMap):
+        raise InputError(f"expected a mapping of TransformerConfig fields, got {type_name(document)}",
+                         file=display, line=getattr(document, "line", 1))
+    mapping = document
+    if "model" in document:
+        mapping = document["model"]
+        if not isinstance(mapping, YamlMap):
+            raise InputError(f"expected a mapping under 'model', got {type_name(mapping)}",
+                             file=display, line=document.line_of("model"), key="model")
+    return config_from_mapping(mapping, ConfigSource(display, path, mapping))
+
+
+def config_from_mapping(mapping: YamlMap, source: ConfigSource) -> ModelConfig:
+    values: dict[str, Any] = {}
+    for key, value in mapping.items():
+        line = mapping.line_of(key)
+        if not isinstance(key, str):
+            raise InputError("field names must be strings", file=source.file, line=line, key=str(key))
+        if key in _CHECKS:
+            try:
+                values[key] = _CHECKS[key](key, value)
+            except ValueError as exc:
+                raise InputError(str(exc), file=source.file, line=line, key=key) from None
+        elif key not in ACCEPTED_FIELDS:
+            hint = did_you_mean(key, MODELLED_FIELDS | ACCEPTED_FIELDS)
+            raise InputError(f"unknown field{hint}", file=source.file, line=line, key=key)
+    for key in REQUIRED_FIELDS:
+        if key not in values:
+            raise InputError("required field is missing", file=source.file, line=mapping.line, key=key)
+    config = ModelConfig(**values, source=source)
+    _fill_defaults(config)
+    _validate(config)
+    return config
+
+
+def _fill_defaults(config: ModelConfig) -> None:
+    """Derived defaults, as `TransformerConfig.__post_init__` fills them."""
+    if config.ffn_hidden_size is None:
+        config.ffn_hidden_size = 4 * config.hidden_size
+    if config.num_query_groups is None:
+        config.num_query_groups = config.num_attention_heads
+    if config.kv_channels is None:
+        config.kv_channels = max(1, config.hidden_size // config.num_attention_heads)
+    if config.moe_ffn_hidden_size is None:
+        config.moe_ffn_hidden_size = config.ffn_hidden_size
+
+
+def _validate(config: ModelConfig) -> None:
+    """Contradictions upstream rejects at construction, reported at the offending key."""
+
+    def fail(key: str, message: str) -> None:
+        raise InputError(message, file=config.file, line=config.line_of(key), key=key)
+
+    if config.fp8 and config.fp4:
+        fail("fp4", "fp8 and fp4 cannot both be set (TransformerConfig rejects it)")
+    if config.fp8 and config.fp8_recipe == "custom":
+        fail("fp8_recipe", "a global 'custom' recipe needs a quantizer factory (Python code), "
+             "which qaudit does not import; use a recipe file instead")
+    if config.fp4 and config.fp4_recipe == "custom":
+        fail("fp4_recipe", "a global 'custom' recipe needs a quantizer factory (Python code), "
+             "which qaudit does not import; use a recipe file instead")
+    if config.num_attention_heads % config.num_query_groups:
+        fail("num_query_groups", f"num_attention_heads ({config.num_attention_heads}) must be a "
+             f"multiple of num_query_groups ({config.num_query_groups})")
+    if config.fp8_output_proj:
+        if not (config.fp8 and config.fp8_recipe == "mxfp8"):
+            fail("fp8_output_proj", "needs fp8 with fp8_recipe: mxfp8 (TransformerConfig rejects it)")
+        if config.share_embeddings_and_output_weights:
+            fail("fp8_output_proj", "a TE output layer cannot use the embedding's weight: set "
+                 "share_embeddings_and_output_weights: false")
+    if config.fp8 and config.first_last_layers_bf16:
+        if config.fp8_recipe == "delayed":
+            fail("first_last_layers_bf16", "not supported with fp8_recipe: delayed "
+                 "(one autocast covers the whole block); upstream rejects it")
+        for key in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if getattr(config, key) > config.num_layers:
+                fail(key, f"must be at most num_layers ({config.num_layers})")
+    if isinstance(config.moe_layer_freq, list) and len(config.moe_layer_freq) != config.num_layers:
+        fail("moe_layer_freq", f"a list needs one entry per layer: {len(config.moe_layer_freq)} "
+             f"given, num_layers is {config.num_layers}")
+    if config.is_moe and config.moe_router_topk > config.num_moe_experts:
+        fail("moe_router_topk", f"cannot exceed num_moe_experts ({config.num_moe_experts})")
+    if config.mtp_use_repeated_layer and not config.mtp_depths:
+        fail("mtp_use_repeated_layer", "needs mtp_num_layers >= 1")
+    if config.quant_recipe is not None and config.use_kitchen:
+        fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
+             "recipe together with --te-precision-config-file)")

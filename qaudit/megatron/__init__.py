@@ -1,0 +1,1 @@
+"""Megatron-LM's side of the contract: wrappers, tracking policies and the GPT model layout."""

@@ -1,0 +1,148 @@
+"""GPTModel with Megatron's module tree: embedding, decoder, MTP block, output layer.
+
+Ambient precision is opened where Megatron opens it (semantics.md §4): per decoder layer, per
+MTP layer, around a TE output layer. The MTP block and the output layer run once per depth,
+in upstream order: MTP depths first, then the output layer for each depth, then the main logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qaudit.config import ModelConfig
+from qaudit.megatron import wrappers as w
+from qaudit.megatron.dims import Dims
+from qaudit.megatron.layers import Builder, TransformerLayer
+from qaudit.megatron.session import Session
+from qaudit.plan import (decoder_layer_ambient, mtp_ambient, output_layer_ambient,
+                         te_output_layer_enabled)
+from qaudit.recipe import QuantRecipe
+
+MTP_LOSS_SCALING_FACTOR = 0.1
+
+
+class TransformerBlock(torch.nn.Module):
+    def __init__(self, b: Builder) -> None:
+        super().__init__()
+        self.config, self.runtime = b.config, b.session.runtime
+        self.layers = torch.nn.ModuleList(TransformerLayer(b, moe)
+                                          for moe in b.config.moe_layer_pattern())
+        self.final_layernorm = torch.nn.LayerNorm(b.dims.hidden)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        for index, layer in enumerate(self.layers):
+            with self.runtime.autocast(decoder_layer_ambient(self.config, index)):
+                h = layer(h)
+        return self.final_layernorm(h)
+
+
+class MultiTokenPredictionLayer(torch.nn.Module):
+    def __init__(self, b: Builder, moe: bool) -> None:
+        super().__init__()
+        hidden = b.dims.hidden
+        self.enorm = torch.nn.LayerNorm(hidden)
+        self.hnorm = torch.nn.LayerNorm(hidden)
+        self.eh_proj = b.linear(w.TEColumnParallelLinear, 2 * hidden, hidden)
+        self.mtp_model_layer = TransformerLayer(b, moe)
+        self.final_layernorm = torch.nn.LayerNorm(hidden)
+
+    def forward(self, hidden: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
+        h = self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(hidden)], dim=-1))
+        return self.final_layernorm(self.mtp_model_layer(h))
+
+
+class MultiTokenPredictionBlock(torch.nn.Module):
+    def __init__(self, b: Builder) -> None:
+        super().__init__()
+        config = b.config
+        self.config, self.runtime = config, b.session.runtime
+        self.depths = config.mtp_depths
+        # The MTP layer follows the spec of the decoder's last layer (MoE in DeepSeek-V3).
+        moe = config.moe_layer_pattern()[-1]
+        count = 1 if config.mtp_use_repeated_layer else self.depths
+        self.layers = torch.nn.ModuleList(MultiTokenPredictionLayer(b, moe) for _ in range(count))
+
+    def forward(self, hidden: torch.Tensor, embed_shifted) -> list[torch.Tensor]:
+        outputs = []
+        for depth in range(1, self.depths + 1):
+            layer = self.layers[0 if len(self.layers) == 1 else depth - 1]
+            with self.runtime.autocast(mtp_ambient(self.config)):
+                hidden = layer(hidden, embed_shifted(depth))
+            outputs.append(hidden)
+        return outputs
+
+
+class GPTModel(torch.nn.Module):
+    def __init__(self, config: ModelConfig, dims: Dims, session: Session) -> None:
+        super().__init__()
+        b = Builder(config, dims, session)
+        self.config, self.dims, self.runtime = config, dims, session.runtime
+        self.policy = session.policy
+        self.embedding = torch.nn.Module()
+        self.embedding.word_embeddings = torch.nn.Embedding(dims.vocab, dims.hidden)
+        self.decoder = TransformerBlock(b)
+        self.mtp = MultiTokenPredictionBlock(b) if config.mtp_depths else None
+        if te_output_layer_enabled(config):
+            self.output_layer = b.linear(w.TELMHeadColumnParallelLinear, dims.hidden, dims.vocab)
+        else:
+            self.output_layer = w.ColumnParallelLinear(
+                dims.hidden, dims.vocab, config, session,
+                own_weight=not config.share_embeddings_and_output_weights)
+        if config.share_embeddings_and_output_weights:
+            # Megatron marks the tied weight so that DDP adds the embedding's own gradient
+            # beside what the fused output-layer wgrad wrote (semantics.md §1.3).
+            self.embedding.word_embeddings.weight.zero_out_wgrad = True
+        self._armed_modules: list[torch.nn.Module] | None = None
+
+    def finish_init(self, recipe: QuantRecipe | None) -> None:
+        for fqn, module in self.named_modules():
+            if isinstance(module, w.AuditedModule):
+                module.finish_init(fqn, recipe)
+
+    def audited_modules(self) -> list[w.AuditedModule]:
+        return [m for m in self.modules() if isinstance(m, w.AuditedModule)]
+
+    def set_is_first_microbatch(self) -> None:
+        """Re-arm every module's flag, when the policy's predicate says so (§2.2)."""
+        if not self.policy.rearms(self.config):
+            return
+        if self._armed_modules is None:
+            self._armed_modules = [m for m in self.modules() if hasattr(m, "is_first_microbatch")]
+        for module in self._armed_modules:
+            module.is_first_microbatch = True
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.output_layer, w.ColumnParallelLinear):
+            tied = self.embedding.word_embeddings.weight if self.output_layer.weight is None else None
+            return self.output_layer(hidden, tied)
+        with self.runtime.autocast(output_layer_ambient(self.config)):
+            return self.output_layer(hidden)
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """tokens, labels: [batch, seq]; returns the training loss."""
+        embed = self.embedding.word_embeddings
+        hidden = self.decoder(embed(tokens).transpose(0, 1).contiguous())
+
+        def embed_shifted(depth: int) -> torch.Tensor:
+            return embed(torch.roll(tokens, -depth, dims=1)).transpose(0, 1).contiguous()
+
+        mtp_hidden = self.mtp(hidden, embed_shifted) if self.mtp is not None else []
+        mtp_losses = [self._loss(self._logits(h), torch.roll(labels, -depth, dims=1))
+                      for depth, h in enumerate(mtp_hidden, start=1)]
+        loss = self._loss(self._logits(hidden), labels)
+        if mtp_losses:
+            loss = loss + MTP_LOSS_SCALING_FACTOR * torch.stack(mtp_losses).mean()
+        return loss
+
+    @staticmethod
+    def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.transpose(0, 1).reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def build_model(config: ModelConfig, dims: Dims, session: Session,
+                recipe: QuantRecipe | None, seed: int = 0) -> GPTModel:
+    torch.manual_seed(seed)
+    model = GPTModel(config, dims, session)
+    model.finish_init(recipe)
+    return model

@@ -1,0 +1,152 @@
+"""Megatron's TE wrapper classes (semantics.md §2.1), over any runtime's modules.
+
+Each wrapper starts armed (`is_first_microbatch = True`), asks the tracking policy what to
+pass, opens its own recipe context, calls the runtime module and then disarms itself: the
+flag is consumed by every call, with or without grad.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+from qaudit.config import ModelConfig
+from qaudit.megatron.session import Session
+from qaudit.plan import resolve_execution
+from qaudit.precision import Quant
+from qaudit.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
+from qaudit.runtime.reference import WgradPlan, gemms
+
+# Stands for "some quantized ambient context" when only a yes/no is known.
+_ANY_QUANT = Quant("fp8", "any")
+
+
+class AuditedModule(torch.nn.Module):
+    """A module that shows up as a row: TE wrappers and Megatron's own linear layers."""
+
+    upstream_class = ""
+    is_te = True
+
+    def __init__(self, config: ModelConfig, session: Session) -> None:
+        super().__init__()
+        self.config = config
+        self.session = session
+        self.fqn = ""
+
+    def _record(self, flag: bool | None, inner: torch.nn.Module | None,
+                run: Callable[[], torch.Tensor]) -> torch.Tensor:
+        recorder = self.session.recorder
+        record = recorder.on_forward(self.fqn, flag, torch.is_grad_enabled(),
+                                     self.session.runtime.current_quant(), self.training)
+        target = inner if inner is not None else self
+        target.wgrad_listener = recorder.listener_for(record)
+        try:
+            return run()
+        finally:
+            target.wgrad_listener = None
+
+
+class TEWrapper(AuditedModule):
+    """Common behaviour of TELinear, TELayerNormColumnParallelLinear and TEGroupedLinear."""
+
+    def __init__(self, inner: torch.nn.Module, config: ModelConfig, session: Session) -> None:
+        super().__init__(config, session)
+        self.inner = inner
+        self.is_first_microbatch = True
+        self.disable_parameter_transpose_cache = config.disable_parameter_transpose_cache
+        self.matcher: Matcher | None = None
+        self.quant_config: QuantConfig | None = None
+
+    def finish_init(self, fqn: str, recipe: QuantRecipe | None) -> None:
+        """Bind name and recipe after construction, as GPTModel's walk does upstream."""
+        self.fqn = fqn
+        if recipe is not None:
+            self.matcher = recipe.match(fqn)
+            if self.matcher is not None:
+                self.quant_config = recipe.config_for(self.matcher)
+
+    def selected_recipe(self) -> TERecipe | None:
+        if self.quant_config is None:
+            return None
+        return self.quant_config.recipe_for(self.training)
+
+    def will_execute_quantized(self, is_context_quantized: bool) -> bool:
+        ambient = _ANY_QUANT if is_context_quantized else None
+        return resolve_execution(ambient, self.selected_recipe()) is not None
+
+    def weights(self) -> list[torch.nn.Parameter]:
+        return [p for name, p in self.inner.named_parameters() if name.startswith("weight")]
+
+    def forward(self, x: torch.Tensor, *args) -> torch.Tensor:
+        runtime = self.session.runtime
+        ambient = runtime.current_quant()
+        flag = self.session.policy.flag_to_pass(self, ambient is not None)
+        recipe = self.selected_recipe()
+        context = (runtime.autocast(resolve_execution(ambient, recipe)) if recipe is not None
+                   else contextlib.nullcontext())
+        with context:
+            out = self._record(flag, self.inner,
+                               lambda: self.inner(x, *args, is_first_microbatch=flag))
+        self.is_first_microbatch = False
+        return out
+
+
+class TEColumnParallelLinear(TEWrapper):
+    upstream_class = "TEColumnParallelLinear"
+
+
+class TERowParallelLinear(TEWrapper):
+    upstream_class = "TERowParallelLinear"
+
+
+class TELayerNormColumnParallelLinear(TEWrapper):
+    upstream_class = "TELayerNormColumnParallelLinear"
+
+
+class TEColumnParallelGroupedLinear(TEWrapper):
+    upstream_class = "TEColumnParallelGroupedLinear"
+
+
+class TERowParallelGroupedLinear(TEWrapper):
+    upstream_class = "TERowParallelGroupedLinear"
+
+
+class TELMHeadColumnParallelLinear(TEWrapper):
+    upstream_class = "TELMHeadColumnParallelLinear"
+
+
+class ColumnParallelLinear(AuditedModule):
+    """Megatron's non-TE linear (the usual output layer): with fusion it always accumulates."""
+
+    upstream_class = "ColumnParallelLinear"
+    is_te = False
+
+    def __init__(self, in_features: int, out_features: int, config: ModelConfig,
+                 session: Session, own_weight: bool) -> None:
+        super().__init__(config, session)
+        self.fuse = config.gradient_accumulation_fusion
+        self.wgrad_listener = None
+        if own_weight:
+            weight = torch.empty(out_features, in_features)
+            torch.nn.init.normal_(weight, std=in_features ** -0.5)
+            self.weight = torch.nn.Parameter(weight)
+        else:
+            self.weight = None
+
+    def weights(self) -> list[torch.nn.Parameter]:
+        return [self.weight] if self.weight is not None else []
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        weight = self.weight if weight is None else weight
+
+        def run() -> torch.Tensor:
+            meta = {"quant": None, "m_splits": [x.shape[0]], "compute_weights": [weight.detach()],
+                    "plan": WgradPlan(self.fuse, True), "listener": self.wgrad_listener}
+            return gemms(x, [weight], meta)
+
+        return self._record(None, None, run)
+
+    def finish_init(self, fqn: str, recipe: QuantRecipe | None) -> None:
+        self.fqn = fqn  # never bound to a recipe: not a TE module

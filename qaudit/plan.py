@@ -1,0 +1,55 @@
+"""Pure precision planning: ambient context per module group, then the recipe's decision.
+
+No torch here: the model builder and wrappers call these functions, so the planned answer and
+the executed one come from one place (semantics.md §3.3 and §4).
+"""
+
+from __future__ import annotations
+
+from qaudit.config import ModelConfig
+from qaudit.precision import Quant
+from qaudit.recipe import TERecipe
+
+
+def is_first_last_bf16_layer(config: ModelConfig, layer_index: int) -> bool:
+    """Megatron's rule on the global 0-based layer index."""
+    if not config.first_last_layers_bf16 or layer_index < 0:
+        return False
+    return (layer_index < config.num_layers_at_start_in_bf16
+            or layer_index >= config.num_layers - config.num_layers_at_end_in_bf16)
+
+
+def decoder_layer_ambient(config: ModelConfig, layer_index: int) -> Quant | None:
+    """Ambient precision of decoder layer `layer_index` (global, 0-based)."""
+    fp8 = config.global_fp8()
+    if fp8 is not None:
+        # Delayed scaling wraps the whole block in one autocast: no first/last exception.
+        if fp8.recipe == "delayed":
+            return fp8
+        return None if is_first_last_bf16_layer(config, layer_index) else fp8
+    fp4 = config.global_fp4()
+    if fp4 is not None:
+        return None if is_first_last_bf16_layer(config, layer_index) else fp4
+    return None
+
+
+def mtp_ambient(config: ModelConfig) -> Quant | None:
+    """MTP layers are quantized iff fp8 is set; the fp4 context is not applied to them."""
+    return config.global_fp8()
+
+
+def te_output_layer_enabled(config: ModelConfig) -> bool:
+    return bool(config.fp8_output_proj and config.fp8 and config.fp8_recipe == "mxfp8")
+
+
+def output_layer_ambient(config: ModelConfig) -> Quant | None:
+    return config.global_fp8() if te_output_layer_enabled(config) else None
+
+
+def resolve_execution(ambient: Quant | None, recipe: TERecipe | None) -> Quant | None:
+    """What a module executes in, given its ambient context and selected recipe (§3.3)."""
+    if recipe is None:
+        return ambient
+    if ambient is not None:
+        return recipe.quant if recipe.override_quantized_autocast else ambient
+    return recipe.quant if recipe.override_nonquantized_autocast else None

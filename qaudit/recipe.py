@@ -1,0 +1,249 @@
+"""Quant recipe files: Megatron's `--te-precision-config-file` format (semantics.md §3).
+
+`configs` maps a name to a `TEQuantizationParams` payload; `matchers` is an ordered mapping of
+glob matchers. Upstream checks matchers when the file is loaded and a payload only once a module
+matches it; we do the same, so an unmatched broken payload does not stop the audit.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qaudit.errors import InputError
+from qaudit.precision import FP8_FORMATS, Quant
+from qaudit.yamlio import YamlMap, did_you_mean, load_yaml, type_name
+
+PAYLOAD_TYPE = "TEQuantizationParams"
+_MATCHER_FIELDS = ("type", "pattern", "config", "enabled")
+_PAYLOAD_FIELDS = ("transformer_engine_config_type", "training_recipe", "evaluation_recipe")
+_RECIPE_DEFAULTS: dict[str, Any] = {
+    "fp8_quantization_recipe": None,
+    "fp4_quantization_recipe": None,
+    "custom_recipe_factory": None,
+    "fp8_format": "e4m3",
+    "override_quantized_autocast": True,
+    "override_nonquantized_autocast": False,
+    "tp_only_amax_red": False,
+    "fp8_param": False,
+    "fp4_param": False,
+}
+_FP8_RECIPE_CHOICES = ("tensorwise", "blockwise", "mxfp8", "custom")
+_FP4_RECIPE_CHOICES = ("nvfp4", "custom")
+
+
+@dataclass(frozen=True)
+class TERecipe:
+    """One `TEQuantizationRecipe`; `{}` (no fp8/fp4 field) means high precision."""
+
+    fp8_quantization_recipe: str | None
+    fp4_quantization_recipe: str | None
+    custom_recipe_factory: str | None
+    fp8_format: str
+    override_quantized_autocast: bool
+    override_nonquantized_autocast: bool
+    tp_only_amax_red: bool
+    fp8_param: bool
+    fp4_param: bool
+    line: int | None = None
+
+    @property
+    def quant(self) -> Quant | None:
+        if self.fp8_quantization_recipe:
+            return Quant("fp8", self.fp8_quantization_recipe, self.fp8_format)
+        if self.fp4_quantization_recipe:
+            return Quant("fp4", self.fp4_quantization_recipe)
+        return None
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    name: str
+    training: TERecipe
+    evaluation: TERecipe | None
+    line: int | None
+
+    def recipe_for(self, training: bool) -> TERecipe:
+        return self.training if training or self.evaluation is None else self.evaluation
+
+
+@dataclass(frozen=True)
+class Matcher:
+    name: str
+    pattern: str
+    config: str
+    line: int | None
+
+    def matches(self, fqn: str) -> bool:
+        # fnmatch's `*` also matches dots, as upstream relies on (`*fc2` hits nested names).
+        return fnmatch.fnmatchcase(fqn, self.pattern)
+
+
+@dataclass
+class QuantRecipe:
+    file: str
+    configs: YamlMap
+    matchers: list[Matcher]
+    disabled_matchers: list[str]
+    _parsed: dict[str, QuantConfig]
+
+    def match(self, fqn: str) -> Matcher | None:
+        """The first enabled matcher for `fqn`; no fall-through after it."""
+        for matcher in self.matchers:
+            if matcher.matches(fqn):
+                return matcher
+        return None
+
+    def config_for(self, matcher: Matcher) -> QuantConfig:
+        """Parse (once) the payload a matcher names; upstream does this at model construction."""
+        if matcher.config not in self._parsed:
+            if matcher.config not in self.configs:
+                hint = did_you_mean(matcher.config, [str(k) for k in self.configs])
+                raise InputError(f"matcher '{matcher.name}' names config '{matcher.config}', which "
+                                 f"is not defined under 'configs'{hint}",
+                                 file=self.file, line=matcher.line, key="config")
+            self._parsed[matcher.config] = _parse_payload(
+                self.file, matcher.config, self.configs[matcher.config],
+                self.configs.line_of(matcher.config))
+        return self._parsed[matcher.config]
+
+
+def load_recipe(path: Path, display: str | None = None) -> QuantRecipe:
+    display = display or str(path)
+    document = load_yaml(path, display)
+    if not isinstance(document, YamlMap):
+        raise InputError(f"expected a mapping with 'configs' and 'matchers', got {type_name(document)}",
+                         file=display, line=getattr(document, "line", 1))
+    for key in document:
+        if key not in ("configs", "matchers"):
+            hint = did_you_mean(str(key), ("configs", "matchers"))
+            raise InputError(f"unknown top-level key{hint}; a recipe has 'configs' and 'matchers'",
+                             file=display, line=document.line_of(key), key=str(key))
+    configs = _mapping_or_empty(document, "configs", display)
+    matchers_map = _mapping_or_empty(document, "matchers", display)
+    matchers: list[Matcher] = []
+    disabled: list[str] = []
+    for name, body in matchers_map.items():
+        line = matchers_map.line_of(name)
+        matcher = _parse_matcher(display, str(name), body, line)
+        if matcher is None:
+            disabled.append(str(name))
+        else:
+            matchers.append(matcher)
+    return QuantRecipe(display, configs, matchers, disabled, {})
+
+
+def _mapping_or_empty(document: YamlMap, key: str, file: str) -> YamlMap:
+    value = document.get(key)
+    if value is None:
+        return YamlMap(line=document.line_of(key))
+    if not isinstance(value, YamlMap):
+        raise InputError(f"expected a mapping, got {type_name(value)}", file=file,
+                         line=document.line_of(key), key=key)
+    return value
+
+
+def _parse_matcher(file: str, name: str, body: Any, line: int | None) -> Matcher | None:
+    if not isinstance(body, YamlMap):
+        raise InputError(f"matcher '{name}' must be a mapping, got {type_name(body)}",
+                         file=file, line=line, key=name)
+    for key in body:
+        if key not in _MATCHER_FIELDS:
+            raise InputError(f"unknown matcher field in '{name}'{did_you_mean(str(key), _MATCHER_FIELDS)}",
+                             file=file, line=body.line_of(key), key=str(key))
+    enabled = body.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise InputError(f"expected true or false, got {type_name(enabled)} {enabled!r}",
+                         file=file, line=body.line_of("enabled"), key="enabled")
+    if not enabled:
+        # Upstream skips a disabled matcher without validating it.
+        return None
+    for key in ("type", "pattern", "config"):
+        if key not in body:
+            raise InputError(f"enabled matcher '{name}' lacks required field", file=file,
+                             line=body.line, key=key)
+        if not isinstance(body[key], str):
+            raise InputError(f"expected a string, got {type_name(body[key])} {body[key]!r}",
+                             file=file, line=body.line_of(key), key=key)
+    if body["type"] != "glob":
+        raise InputError(f"matcher type {body['type']!r} is not supported upstream; only 'glob'",
+                         file=file, line=body.line_of("type"), key="type")
+    return Matcher(name, body["pattern"], body["config"], line)
+
+
+def _parse_payload(file: str, name: str, body: Any, line: int | None) -> QuantConfig:
+    if not isinstance(body, YamlMap):
+        raise InputError(f"config '{name}' must be a mapping, got {type_name(body)}",
+                         file=file, line=line, key=name)
+    for key in body:
+        if key not in _PAYLOAD_FIELDS:
+            raise InputError(f"unknown field in config '{name}'{did_you_mean(str(key), _PAYLOAD_FIELDS)}",
+                             file=file, line=body.line_of(key), key=str(key))
+    kind = body.get("transformer_engine_config_type")
+    if kind != PAYLOAD_TYPE:
+        raise InputError(f"config '{name}' needs transformer_engine_config_type: {PAYLOAD_TYPE}, "
+                         f"got {kind!r}", file=file,
+                         line=body.line_of("transformer_engine_config_type"),
+                         key="transformer_engine_config_type")
+    if "training_recipe" not in body:
+        raise InputError(f"config '{name}' lacks required field", file=file, line=body.line,
+                         key="training_recipe")
+    training = _parse_recipe(file, body, "training_recipe")
+    evaluation = _parse_recipe(file, body, "evaluation_recipe") if "evaluation_recipe" in body else None
+    return QuantConfig(name, training, evaluation, line)
+
+
+def _parse_recipe(file: str, payload: YamlMap, key: str) -> TERecipe:
+    body = payload[key]
+    line = payload.line_of(key)
+    if body is None:
+        body = YamlMap(line=line)
+    if not isinstance(body, YamlMap):
+        raise InputError(f"expected a mapping, got {type_name(body)}", file=file, line=line, key=key)
+    values = dict(_RECIPE_DEFAULTS)
+    for field_name, value in body.items():
+        field_line = body.line_of(field_name)
+        if field_name not in _RECIPE_DEFAULTS:
+            hint = did_you_mean(str(field_name), _RECIPE_DEFAULTS)
+            raise InputError(f"unknown recipe field{hint}", file=file, line=field_line, key=str(field_name))
+        values[field_name] = _check_recipe_value(file, str(field_name), value, field_line)
+    fp8, fp4 = values["fp8_quantization_recipe"], values["fp4_quantization_recipe"]
+    if fp8 and fp4:
+        raise InputError("a recipe cannot set both fp8_quantization_recipe and "
+                         "fp4_quantization_recipe", file=file, line=body.line_of("fp4_quantization_recipe"),
+                         key="fp4_quantization_recipe")
+    if "custom" in (fp8, fp4) and not values["custom_recipe_factory"]:
+        which = "fp8_quantization_recipe" if fp8 == "custom" else "fp4_quantization_recipe"
+        raise InputError("a 'custom' recipe needs custom_recipe_factory", file=file,
+                         line=body.line_of(which), key=which)
+    return TERecipe(**values, line=line)
+
+
+def _check_recipe_value(file: str, key: str, value: Any, line: int | None) -> Any:
+    def fail(message: str) -> InputError:
+        return InputError(message, file=file, line=line, key=key)
+
+    if key == "fp8_quantization_recipe":
+        if value == "delayed":
+            raise fail("'delayed' scaling cannot be used in a per-module recipe (upstream rejects it)")
+        choices = _FP8_RECIPE_CHOICES
+    elif key == "fp4_quantization_recipe":
+        choices = _FP4_RECIPE_CHOICES
+    elif key == "fp8_format":
+        choices = FP8_FORMATS
+    elif key == "custom_recipe_factory":
+        if value is not None and not isinstance(value, str):
+            raise fail(f"expected an import path string, got {type_name(value)}")
+        return value
+    else:
+        if not isinstance(value, bool):
+            raise fail(f"expected true or false, got {type_name(value)} {value!r}")
+        return value
+    if value is None and key != "fp8_format":
+        return None
+    if not isinstance(value, str) or value not in choices:
+        hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+        raise fail(f"expected one of {', '.join(choices)}; got {value!r}{hint}")
+    return value

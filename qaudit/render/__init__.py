@@ -1,0 +1,1 @@
+"""Renderers: the same Report as text; they never decide anything."""

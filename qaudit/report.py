@@ -1,0 +1,100 @@
+"""The report: one row per audited module plus findings; renderers only format it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from qaudit.precision import precision_label
+from qaudit.probe import CallRecord
+
+SCHEMA = "qaudit/1"
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass
+class Finding:
+    rule: str
+    severity: str
+    module: str | None
+    message: str
+    file: str | None
+    line: int | None
+    fix: str = ""
+
+
+@dataclass
+class ModuleRow:
+    name: str
+    type: str
+    precision: str
+    recipe: str
+    tracked: str
+    accumulation: str
+    calls_per_microbatch: int
+    nograd_calls_per_microbatch: int
+    verdict: str = "ok"
+
+
+@dataclass
+class Report:
+    runtime: str
+    policy: str
+    config: str
+    recipe: str | None
+    steps: int
+    microbatches: int
+    modules: list[ModuleRow] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    def counts(self) -> Counter:
+        return Counter(f.severity for f in self.findings)
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = self.counts()
+        return {
+            "schema": SCHEMA,
+            "runtime": self.runtime,
+            "policy": self.policy,
+            "config": self.config,
+            "recipe": self.recipe,
+            "steps": self.steps,
+            "microbatches": self.microbatches,
+            "modules": [asdict(row) for row in self.modules],
+            "findings": [asdict(f) for f in self.findings],
+            "summary": {severity: counts.get(severity, 0) for severity in SEVERITIES},
+        }
+
+
+def calls_per_microbatch(records: list[CallRecord], grad: bool) -> int:
+    per_mb = Counter((r.step, r.microbatch) for r in records if r.grad == grad)
+    return max(per_mb.values(), default=0)
+
+
+def precision_of(records: list[CallRecord]) -> str:
+    grad_records = [r for r in records if r.grad] or records
+    labels = sorted({precision_label(r.quant) for r in grad_records})
+    return "+".join(labels) if labels else "-"
+
+
+def tracked_of(records: list[CallRecord], is_te: bool, rearmed: bool) -> str:
+    """yes: re-armed each step; stale: only true after construction; no: always None."""
+    if not is_te:
+        return "-"
+    if all(r.flag is None for r in records):
+        return "no"
+    return "yes" if rearmed else "stale"
+
+
+def accumulation_of(records: list[CallRecord]) -> str:
+    decisions = [r.decision for r in records if r.grad and r.decision]
+    if not decisions:
+        return "-"
+    if all(d == "autograd" for d in decisions):
+        return "autograd"
+    if all(d == "overwrite" for d in decisions):
+        return "overwrite-always"
+    if any(r.decision == "overwrite" and r.microbatch == 0 for r in records):
+        return "overwrite-first"
+    return "accumulate"

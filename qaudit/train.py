@@ -1,0 +1,69 @@
+"""The audited run: a few steps of a few microbatches, the way Megatron trains.
+
+Each step zeroes the gradient buffers, re-arms the flags at the first microbatch (through the
+policy), runs forward and backward per microbatch, then updates the weights from `main_grad`.
+Every parameter carries a `main_grad` buffer and `grad_added_to_main_grad`, and a hook adds
+autograd gradients into `main_grad` as Megatron's DDP does (semantics.md §1.3).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from qaudit.megatron.gpt import GPTModel
+from qaudit.probe import Recorder
+
+LEARNING_RATE = 0.05
+
+
+def _ddp_hook(param: torch.nn.Parameter) -> None:
+    if param.grad is None:
+        return
+    if not param.grad_added_to_main_grad or getattr(param, "zero_out_wgrad", False):
+        param.main_grad.add_(param.grad)
+    param.grad = None
+
+
+def attach_grad_buffers(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    for param in params:
+        param.main_grad = torch.zeros_like(param)
+        param.grad_added_to_main_grad = False
+        param.register_post_accumulate_grad_hook(_ddp_hook)
+    return params
+
+
+def zero_grad_buffer(params: list[torch.nn.Parameter]) -> None:
+    for param in params:
+        param.main_grad.zero_()
+        param.grad_added_to_main_grad = False
+        param.grad = None
+
+
+def make_batches(model: GPTModel, count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    dims = model.dims
+    shape = (dims.micro_batch_size, dims.seq_length + 1)
+    batches = []
+    for _ in range(count):
+        tokens = torch.randint(0, dims.vocab, shape, generator=generator)
+        batches.append((tokens[:, :-1], tokens[:, 1:]))
+    return batches
+
+
+def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: int,
+                 seed: int = 0) -> None:
+    params = attach_grad_buffers(model)
+    batches = make_batches(model, microbatches, seed)
+    model.train()
+    for _ in range(steps):
+        zero_grad_buffer(params)
+        recorder.start_step()
+        for index, (tokens, labels) in enumerate(batches):
+            recorder.start_microbatch()
+            if index == 0:
+                model.set_is_first_microbatch()
+            model(tokens, labels).backward()
+        with torch.no_grad():
+            for param in params:
+                param.add_(param.main_grad, alpha=-LEARNING_RATE)

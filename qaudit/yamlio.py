@@ -1,0 +1,152 @@
+"""Safe YAML loading that remembers the line of every mapping key.
+
+Findings and errors point at the YAML line that causes them, so plain dicts are not enough:
+`YamlMap` is a dict that also knows where each of its keys was written.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from qaudit.errors import InputError
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+# Aliases are legal YAML, but a few dozen nested ones expand to gigabytes ("billion laughs").
+MAX_ALIASES = 100
+
+
+class YamlMap(dict):
+    """A mapping from YAML with `line` (its own) and `key_lines` (per key), 1-based."""
+
+    def __init__(self, *args: Any, line: int | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.line = line
+        self.key_lines: dict[Any, int] = {}
+
+    def line_of(self, key: Any) -> int | None:
+        return self.key_lines.get(key, self.line)
+
+
+class YamlList(list):
+    """A sequence from YAML with its own `line`."""
+
+    def __init__(self, *args: Any, line: int | None = None) -> None:
+        super().__init__(*args)
+        self.line = line
+
+
+class _LineLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (no Python tags), building YamlMap/YamlList."""
+
+    def __init__(self, stream: str, file: str) -> None:
+        super().__init__(stream)
+        self.file = file
+        self.alias_count = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D401 - PyYAML hook
+        if self.check_event(yaml.AliasEvent):
+            self.alias_count += 1
+            if self.alias_count > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise InputError(f"more than {MAX_ALIASES} YAML aliases; refusing to expand them",
+                                 file=self.file, line=mark.line + 1)
+        return super().compose_node(parent, index)
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> YamlMap:
+    loader.flatten_mapping(node)
+    result = YamlMap(line=node.start_mark.line + 1)
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        if not isinstance(key, (str, int, float, bool)) and key is not None:
+            raise InputError("mapping keys must be plain scalars", file=loader.file, line=line)
+        if key in result:
+            raise InputError("duplicate key (the first value would be silently replaced)",
+                             file=loader.file, line=line, key=str(key))
+        result[key] = loader.construct_object(value_node, deep=True)
+        result.key_lines[key] = line
+    return result
+
+
+def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> YamlList:
+    return YamlList((loader.construct_object(child, deep=True) for child in node.value),
+                    line=node.start_mark.line + 1)
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+def read_text(path: Path, display: str) -> str:
+    """Read a small UTF-8 text file, turning every failure into an InputError."""
+    if not path.exists():
+        raise InputError("file not found", file=display)
+    if path.is_dir():
+        raise InputError("is a directory, expected a YAML file", file=display)
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise InputError(f"file is {size} bytes; more than {MAX_FILE_BYTES} is refused",
+                             file=display)
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read file: {exc.strerror}", file=display) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError("not UTF-8 text", file=display, line=line) from None
+
+
+def load_yaml(path: Path, display: str | None = None) -> Any:
+    """Load one YAML document safely; errors carry the file and line."""
+    display = display or str(path)
+    text = read_text(path, display)
+    if "\x00" in text:
+        raise InputError("binary data (NUL byte), expected YAML text", file=display)
+    loader = _LineLoader(text, display)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            raise InputError("empty file, expected a YAML mapping", file=display)
+        return loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise InputError(f"invalid YAML: {problem}", file=display, line=line) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"invalid YAML: {exc}", file=display) from None
+    except RecursionError:
+        raise InputError("YAML nested too deeply", file=display) from None
+    finally:
+        loader.dispose()
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """A ' (did you mean X?)' suffix when a close match exists, else ''."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "mapping"
+    return type(value).__name__
