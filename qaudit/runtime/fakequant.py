@@ -30,7 +30,7 @@ def _blocks(x: torch.Tensor, size: int) -> tuple[torch.Tensor, int]:
     pad = (-x.shape[-1]) % size
     if pad:
         x = torch.nn.functional.pad(x, (0, pad))
-    return x.reshape(*x.shape[:-1], -1, size), pad
+    return x.reshape(*x.shape[:-1], x.shape[-1] // size, size), pad
 
 
 def _unblock(x: torch.Tensor, pad: int) -> torch.Tensor:
@@ -102,6 +102,8 @@ def fake_quantize(x: torch.Tensor, quant: Quant, role: str) -> torch.Tensor:
     A 3-D weight is a stack of independent weights (a grouped module's experts), each
     scaled on its own, quantized in one pass for speed.
     """
+    if x.numel() == 0:  # an expert that got no tokens
+        return x
     stacked = role == "weight" and x.dim() == 3
     if quant.fmt == "fp4":
         return _nvfp4(x, stacked)

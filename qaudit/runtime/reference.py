@@ -143,11 +143,17 @@ class _ReferenceModule(torch.nn.Module):
         stale = [i for i, key in enumerate(keys)
                  if is_first_microbatch or not self._workspace_fits(key, weights[i], quant)]
         if stale:
-            existed = all(keys[i] in self._fp8_workspaces for i in stale)
+            if any(keys[i] in self._fp8_workspaces and not self._workspace_fits(keys[i], weights[i], quant)
+                   for i in stale):
+                event = "rebuild"
+            elif all(keys[i] in self._fp8_workspaces for i in stale):
+                event = "refresh"
+            else:
+                event = "create"
             fresh = _quantize_all([weights[i] for i in stale], quant)
             for i, tensor in zip(stale, fresh):
                 self._fp8_workspaces[keys[i]] = (quant, tensor)
-            self.workspace_events.append("refresh" if existed else "create")
+            self.workspace_events.append(event)
         else:
             self.workspace_events.append("reuse")
         return [self._fp8_workspaces[key][1] for key in keys]

@@ -1,0 +1,93 @@
+"""The command line: exit codes, formats, determinism, golden output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qaudit import cli
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qaudit", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["qaudit", *args])
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def test_deepseek_repeated_mtp_example_fails_with_qa001():
+    result = run_cli("check", "configs/deepseek-v3-mtp-fp8.yaml", "--format", "json")
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    failing = {m["name"] for m in report["modules"] if m["verdict"] == "QA001"}
+    mtp = {m["name"] for m in report["modules"] if m["name"].startswith("mtp.")}
+    assert failing == mtp and len(mtp) == 7
+    assert all(m["calls_per_microbatch"] == 2 for m in report["modules"] if m["name"] in mtp)
+    assert len([m for m in report["modules"] if m["name"].endswith(".mlp.experts.linear_fc1")]) == 59
+    assert report["findings"][0]["line"] == 19
+
+
+def test_deepseek_one_layer_per_depth_passes(monkeypatch, capsys):
+    code, out, _ = run_in_process(monkeypatch, capsys, "check",
+                                  "configs/deepseek-v3-mtp-fp8-per-depth.yaml")
+    assert code == 0
+    assert "mtp.layers.1.mtp_model_layer.mlp.experts.linear_fc2" in out
+    assert out.rstrip().endswith("0 error(s), 0 warning(s)   exit 0")
+
+
+@pytest.mark.parametrize("config", ["gpt-mtp-fp8-mtp-bf16", "gpt-small-bf16"])
+def test_table_matches_golden_file(monkeypatch, capsys, config):
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", f"configs/{config}.yaml")
+    expected = (GOLDEN / f"{config}.txt").read_text()
+    assert out == expected
+    assert code == (1 if "QA001" in expected else 0)
+
+
+def test_same_inputs_same_bytes():
+    first = run_cli("check", "configs/gpt-mtp-bf16.yaml", "--policy", "legacy", "--format", "json")
+    second = run_cli("check", "configs/gpt-mtp-bf16.yaml", "--policy", "legacy", "--format", "json")
+    assert first.returncode == second.returncode == 1
+    assert first.stdout == second.stdout and first.stdout
+
+
+def test_runtime_te_without_te_exits_3_with_one_line(monkeypatch, capsys):
+    code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                    "--runtime", "te")
+    assert code == 3 and out == ""
+    assert err.count("\n") == 1 and "--runtime te" in err and "Traceback" not in err
+
+
+def test_bad_option_is_a_usage_error(monkeypatch, capsys):
+    code, _, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                  "--policy", "newest")
+    assert code == 2 and "newest" in err
+
+
+def test_internal_error_exits_3_without_report(monkeypatch, capsys):
+    def explode(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("qaudit.audit.audit_files", explode)
+    code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml")
+    assert code == 3 and out == ""
+    assert "internal error: RuntimeError: boom" in err and "Traceback" not in err
+
+
+def test_missing_config_exits_2(monkeypatch, capsys):
+    code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/nope.yaml")
+    assert (code, out) == (2, "")
+    assert err == "error: configs/nope.yaml: file not found\n"
