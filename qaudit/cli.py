@@ -11,7 +11,7 @@ import typer
 from qaudit import __version__
 from qaudit.errors import EnvironmentProblem, InputError
 
-EXIT_OK, EXIT_FINDINGS, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_USAGE, EXIT_INTERNAL = 2, 3
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="Audit Megatron-LM / Transformer Engine quantization and gradient "
@@ -27,6 +27,12 @@ class Policy(str, Enum):
 class OutputFormat(str, Enum):
     table = "table"
     json = "json"
+
+
+class FailOn(str, Enum):
+    error = "error"
+    warning = "warning"
+    info = "info"
 
 
 class RuntimeChoice(str, Enum):
@@ -57,6 +63,8 @@ def check(
     runtime: RuntimeChoice = typer.Option(RuntimeChoice.auto, help="auto, reference (pure "
                                           "PyTorch, CPU) or te (Transformer Engine, CUDA)."),
     seed: int = typer.Option(0, help="Seed for weights and data."),
+    fail_on: FailOn = typer.Option(FailOn.error, help="Lowest finding severity that makes the "
+                                   "exit code 1."),
 ) -> None:
     """Build the model, run a few steps, and report every TE module. Exit 1 on errors."""
     from qaudit.audit import AuditOptions, audit_files
@@ -71,7 +79,7 @@ def check(
         _fail(f"error: {exc}", EXIT_USAGE)
     except EnvironmentProblem as exc:
         _fail(f"error: {exc}", EXIT_INTERNAL)
-    code = EXIT_FINDINGS if report.counts().get("error") else EXIT_OK
+    code = report.exit_code(fail_on.value)
     render = render_json if output_format is OutputFormat.json else render_table
     sys.stdout.write(render(report, code))
     raise typer.Exit(code)

@@ -89,10 +89,20 @@ class ModelConfig:
 
 
 @dataclass
+class SourceNote:
+    """Something the input said that the audit cannot model; becomes a warning finding."""
+
+    message: str
+    line: int | None = None
+    key: str | None = None
+
+
+@dataclass
 class ConfigSource:
     file: str
     path: Path
     mapping: YamlMap
+    notes: list[SourceNote] = field(default_factory=list)
 
     def line_of(self, key: str) -> int | None:
         if key in self.mapping.key_lines:

@@ -22,6 +22,8 @@ class Finding:
     file: str | None
     line: int | None
     fix: str = ""
+    # "confirmed" / "not reproduced" once --verify measured it; None without --verify.
+    evidence: str | None = None
 
 
 @dataclass
@@ -35,6 +37,8 @@ class ModuleRow:
     calls_per_microbatch: int
     nograd_calls_per_microbatch: int
     verdict: str = "ok"
+    # Relative error of main_grad against an unfused float64 reference (--verify only).
+    grad_rel_error: float | None = None
 
 
 @dataclass
@@ -47,9 +51,16 @@ class Report:
     microbatches: int
     modules: list[ModuleRow] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    # Per module group, the verdict under each tracking policy (--compare-policies only).
+    policies: dict[str, dict[str, str]] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
+
+    def exit_code(self, fail_on: str = "error") -> int:
+        """1 when a finding is at or above `fail_on` (error > warning > info), else 0."""
+        threshold = SEVERITIES.index(fail_on)
+        return int(any(SEVERITIES.index(f.severity) <= threshold for f in self.findings))
 
     def to_dict(self) -> dict[str, Any]:
         counts = self.counts()
@@ -64,6 +75,7 @@ class Report:
             "modules": [asdict(row) for row in self.modules],
             "findings": [asdict(f) for f in self.findings],
             "summary": {severity: counts.get(severity, 0) for severity in SEVERITIES},
+            **({"policies": self.policies} if self.policies is not None else {}),
         }
 
 
