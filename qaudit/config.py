@@ -9,7 +9,7 @@ from typing import Any, Callable
 from qaudit.errors import InputError
 from qaudit.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
 from qaudit.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
-from qaudit.yamlio import YamlList, YamlMap, did_you_mean, load_yaml, type_name
+from qaudit.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
 
 
 @dataclass
@@ -50,6 +50,15 @@ class ModelConfig:
     share_embeddings_and_output_weights: bool = True
     vocab_size: int | None = None
     quant_recipe: str | None = None
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    recompute_modules: list[str] | None = None
+    pipeline_model_parallel_size: int = 1
+    # Megatron-FSDP (DDP config, not TransformerConfig): optim_grads* sharding sets
+    # overwrite_main_grad on the weights (semantics.md §1.3).
+    use_megatron_fsdp: bool = False
+    data_parallel_sharding_strategy: str = "no_shard"
     # Where each key was written; not a model field.
     source: "ConfigSource" = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -82,6 +91,25 @@ class ModelConfig:
 
     def line_of(self, key: str) -> int | None:
         return self.source.line_of(key) if self.source else None
+
+    @property
+    def overwrites_main_grad(self) -> bool:
+        return self.use_megatron_fsdp and self.data_parallel_sharding_strategy in (
+            "optim_grads", "optim_grads_params")
+
+    def recomputed_layers(self, count: int) -> list[bool]:
+        """Per layer of a block of `count`: whole-layer (full) recompute on or off."""
+        if self.recompute_granularity != "full":
+            return [False] * count
+        if self.recompute_method == "block":
+            return [i < (self.recompute_num_layers or 0) for i in range(count)]
+        return [True] * count
+
+    def selective_recompute(self, module: str) -> bool:
+        """Selective recompute of a submodule kind: mlp, moe or shared_experts."""
+        if self.recompute_granularity != "selective":
+            return False
+        return module in (self.recompute_modules or ["core_attn"])
 
     @property
     def file(self) -> str | None:
@@ -118,7 +146,7 @@ Check = Callable[[str, Any], Any]
 def _int(minimum: int) -> Check:
     def check(key: str, value: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"expected an integer, got {type_name(value)} {value!r}")
+            raise ValueError(f"expected an integer, got {type_name(value)} {short_repr(value)}")
         if value < minimum:
             raise ValueError(f"must be >= {minimum}, got {value}")
         if value > 1_000_000:
@@ -135,7 +163,7 @@ def _optional(inner: Check) -> Check:
 
 def _bool(key: str, value: Any) -> Any:
     if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {type_name(value)} {value!r}")
+        raise ValueError(f"expected true or false, got {type_name(value)} {short_repr(value)}")
     return value
 
 
@@ -146,22 +174,39 @@ def _choice(*choices: str, nullable: bool = False) -> Check:
         if not isinstance(value, str) or value not in choices:
             allowed = ", ".join(choices) + (", null" if nullable else "")
             hint = did_you_mean(value, choices) if isinstance(value, str) else ""
-            raise ValueError(f"expected one of {allowed}; got {value!r}{hint}")
+            raise ValueError(f"expected one of {allowed}; got {short_repr(value)}{hint}")
         return value
     return check
 
 
 def _string(key: str, value: Any) -> Any:
     if value is not None and not isinstance(value, str):
-        raise ValueError(f"expected a path string, got {type_name(value)} {value!r}")
+        raise ValueError(f"expected a path string, got {type_name(value)} {short_repr(value)}")
     return value
+
+
+_RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                      "shared_experts")
+
+
+def _recompute_modules(key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of module kinds, got {type_name(value)} {short_repr(value)}")
+    for item in value:
+        if item not in _RECOMPUTE_MODULES:
+            hint = did_you_mean(item, _RECOMPUTE_MODULES) if isinstance(item, str) else ""
+            raise ValueError(f"unknown recompute module {short_repr(item)}{hint}; "
+                             f"expected some of {', '.join(_RECOMPUTE_MODULES)}")
+    return list(value)
 
 
 def _layer_freq(key: str, value: Any) -> Any:
     if isinstance(value, list):
         for item in value:
             if isinstance(item, bool) or item not in (0, 1):
-                raise ValueError(f"a list must hold only 0 and 1 (one per layer), got {item!r}")
+                raise ValueError(f"a list must hold only 0 and 1 (one per layer), got {short_repr(item)}")
         return list(value)
     return _int(1)(key, value)
 
@@ -197,6 +242,14 @@ _CHECKS: dict[str, Check] = {
     "share_embeddings_and_output_weights": _bool,
     "vocab_size": _optional(_POSITIVE),
     "quant_recipe": _string,
+    "recompute_granularity": _choice("full", "selective", nullable=True),
+    "recompute_method": _choice("uniform", "block", nullable=True),
+    "recompute_num_layers": _optional(_POSITIVE),
+    "recompute_modules": _recompute_modules,
+    "pipeline_model_parallel_size": _POSITIVE,
+    "use_megatron_fsdp": _bool,
+    "data_parallel_sharding_strategy": _choice("no_shard", "optim", "optim_grads",
+                                               "optim_grads_params"),
 }
 MODELLED_FIELDS = frozenset(f.name for f in fields(ModelConfig) if f.name != "source")
 assert MODELLED_FIELDS == frozenset(_CHECKS), "every modelled field needs a check"
@@ -293,6 +346,11 @@ def _validate(config: ModelConfig) -> None:
         fail("moe_router_topk", f"cannot exceed num_moe_experts ({config.num_moe_experts})")
     if config.mtp_use_repeated_layer and not config.mtp_depths:
         fail("mtp_use_repeated_layer", "needs mtp_num_layers >= 1")
+    if config.recompute_granularity == "full" and config.recompute_method is None:
+        fail("recompute_granularity", "full recompute needs recompute_method: uniform or block")
+    if config.recompute_granularity == "full" and not config.recompute_num_layers:
+        fail("recompute_granularity", "full recompute needs recompute_num_layers (layers per "
+             "checkpointed chunk for uniform, checkpointed layers for block)")
     if config.quant_recipe is not None and config.use_kitchen:
         fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
              "recipe together with --te-precision-config-file)")

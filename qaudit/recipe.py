@@ -14,7 +14,7 @@ from typing import Any
 
 from qaudit.errors import InputError
 from qaudit.precision import FP8_FORMATS, Quant
-from qaudit.yamlio import YamlMap, did_you_mean, load_yaml, type_name
+from qaudit.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
 
 PAYLOAD_TYPE = "TEQuantizationParams"
 _MATCHER_FIELDS = ("type", "pattern", "config", "enabled")
@@ -155,7 +155,7 @@ def _parse_matcher(file: str, name: str, body: Any, line: int | None) -> Matcher
                              file=file, line=body.line_of(key), key=str(key))
     enabled = body.get("enabled", False)
     if not isinstance(enabled, bool):
-        raise InputError(f"expected true or false, got {type_name(enabled)} {enabled!r}",
+        raise InputError(f"expected true or false, got {type_name(enabled)} {short_repr(enabled)}",
                          file=file, line=body.line_of("enabled"), key="enabled")
     if not enabled:
         # Upstream skips a disabled matcher without validating it.
@@ -165,10 +165,10 @@ def _parse_matcher(file: str, name: str, body: Any, line: int | None) -> Matcher
             raise InputError(f"enabled matcher '{name}' lacks required field", file=file,
                              line=body.line, key=key)
         if not isinstance(body[key], str):
-            raise InputError(f"expected a string, got {type_name(body[key])} {body[key]!r}",
+            raise InputError(f"expected a string, got {type_name(body[key])} {short_repr(body[key])}",
                              file=file, line=body.line_of(key), key=key)
     if body["type"] != "glob":
-        raise InputError(f"matcher type {body['type']!r} is not supported upstream; only 'glob'",
+        raise InputError(f"matcher type {short_repr(body['type'])} is not supported upstream; only 'glob'",
                          file=file, line=body.line_of("type"), key="type")
     return Matcher(name, body["pattern"], body["config"], line)
 
@@ -184,7 +184,7 @@ def _parse_payload(file: str, name: str, body: Any, line: int | None) -> QuantCo
     kind = body.get("transformer_engine_config_type")
     if kind != PAYLOAD_TYPE:
         raise InputError(f"config '{name}' needs transformer_engine_config_type: {PAYLOAD_TYPE}, "
-                         f"got {kind!r}", file=file,
+                         f"got {short_repr(kind)}", file=file,
                          line=body.line_of("transformer_engine_config_type"),
                          key="transformer_engine_config_type")
     if "training_recipe" not in body:
@@ -239,11 +239,11 @@ def _check_recipe_value(file: str, key: str, value: Any, line: int | None) -> An
         return value
     else:
         if not isinstance(value, bool):
-            raise fail(f"expected true or false, got {type_name(value)} {value!r}")
+            raise fail(f"expected true or false, got {type_name(value)} {short_repr(value)}")
         return value
     if value is None and key != "fp8_format":
         return None
     if not isinstance(value, str) or value not in choices:
         hint = did_you_mean(value, choices) if isinstance(value, str) else ""
-        raise fail(f"expected one of {', '.join(choices)}; got {value!r}{hint}")
+        raise fail(f"expected one of {', '.join(choices)}; got {short_repr(value)}{hint}")
     return value

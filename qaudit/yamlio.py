@@ -17,6 +17,8 @@ from qaudit.errors import InputError
 MAX_FILE_BYTES = 4 * 1024 * 1024
 # Aliases are legal YAML, but a few dozen nested ones expand to gigabytes ("billion laughs").
 MAX_ALIASES = 100
+# What aliases may expand to: more values than any real config has, far fewer than a bomb.
+MAX_EXPANDED_VALUES = 1_000_000
 
 
 class YamlMap(dict):
@@ -88,6 +90,9 @@ def read_text(path: Path, display: str) -> str:
         raise InputError("file not found", file=display)
     if path.is_dir():
         raise InputError("is a directory, expected a YAML file", file=display)
+    if not path.is_file():
+        # Devices and pipes report no size and may never end.
+        raise InputError("not a regular file", file=display)
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
@@ -114,7 +119,12 @@ def load_yaml(path: Path, display: str | None = None) -> Any:
         node = loader.get_single_node()
         if node is None:
             raise InputError("empty file, expected a YAML mapping", file=display)
-        return loader.construct_document(node)
+        document = loader.construct_document(node)
+        expanded = _expanded_size(document, {})
+        if expanded > MAX_EXPANDED_VALUES:
+            raise InputError(f"aliases expand this document to {expanded} values; more than "
+                             f"{MAX_EXPANDED_VALUES} is refused", file=display)
+        return document
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -126,6 +136,31 @@ def load_yaml(path: Path, display: str | None = None) -> Any:
         raise InputError("YAML nested too deeply", file=display) from None
     finally:
         loader.dispose()
+
+
+def _expanded_size(value: Any, memo: dict[int, int]) -> int:
+    """Number of values once aliases are expanded; shared objects are counted once each."""
+    if not isinstance(value, (list, dict)):
+        return 1
+    known = memo.get(id(value))
+    if known is not None:
+        return known
+    memo[id(value)] = MAX_EXPANDED_VALUES + 1  # a cycle counts as too big
+    items = value.values() if isinstance(value, dict) else value
+    total = 1
+    for item in items:
+        total += _expanded_size(item, memo)
+        if total > MAX_EXPANDED_VALUES:
+            break
+    memo[id(value)] = total
+    return total
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """repr() cut to `limit` characters, so a huge value never floods an error message."""
+    text = repr(value) if not isinstance(value, (list, dict)) or len(value) < 20 else \
+        f"<{type_name(value)} of {len(value)} items>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

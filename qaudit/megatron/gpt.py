@@ -14,6 +14,7 @@ from qaudit.config import ModelConfig
 from qaudit.megatron import wrappers as w
 from qaudit.megatron.dims import Dims
 from qaudit.megatron.layers import Builder, TransformerLayer
+from qaudit.megatron.recompute import checkpointed
 from qaudit.megatron.session import Session
 from qaudit.plan import (decoder_layer_ambient, mtp_ambient, output_layer_ambient,
                          te_output_layer_enabled)
@@ -29,11 +30,15 @@ class TransformerBlock(torch.nn.Module):
         self.layers = torch.nn.ModuleList(TransformerLayer(b, moe)
                                           for moe in b.config.moe_layer_pattern())
         self.final_layernorm = torch.nn.LayerNorm(b.dims.hidden)
+        self.recompute = b.config.recomputed_layers(len(self.layers))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         for index, layer in enumerate(self.layers):
             with self.runtime.autocast(decoder_layer_ambient(self.config, index)):
-                h = layer(h)
+                if self.recompute[index] and self.training:
+                    h = checkpointed(layer, self.runtime, h)
+                else:
+                    h = layer(h)
         return self.final_layernorm(h)
 
 
@@ -62,13 +67,18 @@ class MultiTokenPredictionBlock(torch.nn.Module):
         moe = config.moe_layer_pattern()[-1]
         count = 1 if config.mtp_use_repeated_layer else self.depths
         self.layers = torch.nn.ModuleList(MultiTokenPredictionLayer(b, moe) for _ in range(count))
+        # Megatron recomputes MTP layers under full recompute with the uniform method.
+        self.recompute = config.recompute_granularity == "full" and config.recompute_method == "uniform"
 
     def forward(self, hidden: torch.Tensor, embed_shifted) -> list[torch.Tensor]:
         outputs = []
         for depth in range(1, self.depths + 1):
             layer = self.layers[0 if len(self.layers) == 1 else depth - 1]
             with self.runtime.autocast(mtp_ambient(self.config)):
-                hidden = layer(hidden, embed_shifted(depth))
+                if self.recompute and self.training:
+                    hidden = checkpointed(layer, self.runtime, hidden, embed_shifted(depth))
+                else:
+                    hidden = layer(hidden, embed_shifted(depth))
             outputs.append(hidden)
         return outputs
 

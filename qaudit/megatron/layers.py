@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from qaudit.config import ModelConfig
 from qaudit.megatron import wrappers as w
 from qaudit.megatron.dims import Dims
+from qaudit.megatron.recompute import checkpointed
 from qaudit.megatron.session import Session
 
 
@@ -133,6 +134,8 @@ class MoELayer(torch.nn.Module):
         self.experts = (GroupedExperts(b, self.num_experts) if config.moe_grouped_gemm
                         else SequentialExperts(b, self.num_experts))
         self.shared_experts = ExpertMLP(b, b.dims.shared_ffn) if b.dims.shared_ffn else None
+        self.recompute_shared = config.selective_recompute("shared_experts")
+        self.runtime = b.session.runtime
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         shape = h.shape
@@ -145,13 +148,18 @@ class MoELayer(torch.nn.Module):
         expert_out = self.experts(flat[token_ids], m_splits) * probs.reshape(-1)[order, None]
         out = torch.zeros_like(flat).index_add(0, token_ids, expert_out)
         if self.shared_experts is not None:
-            out = out + self.shared_experts(flat)
+            if self.recompute_shared and self.training:
+                out = out + checkpointed(self.shared_experts, self.runtime, flat)
+            else:
+                out = out + self.shared_experts(flat)
         return out.reshape(shape)
 
 
 class TransformerLayer(torch.nn.Module):
     def __init__(self, b: Builder, moe: bool) -> None:
         super().__init__()
+        self.runtime = b.session.runtime
+        self.recompute_mlp = b.config.selective_recompute("moe" if moe else "mlp")
         self.self_attention = SelfAttention(b)
         if moe:
             # MoE layers keep a separate pre-MLP norm; dense ones fuse it into linear_fc1.
@@ -164,4 +172,6 @@ class TransformerLayer(torch.nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         h = h + self.self_attention(h)
         mlp_in = h if self.pre_mlp_layernorm is None else self.pre_mlp_layernorm(h)
+        if self.recompute_mlp and self.training:
+            return h + checkpointed(self.mlp, self.runtime, mlp_in)
         return h + self.mlp(mlp_in)
