@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from qaudit.config import ModelConfig, load_model_config
 from qaudit.errors import InputError
 from qaudit.megatron.dims import model_dims
-from qaudit.megatron.gpt import build_model
-from qaudit.megatron.policies import DEFAULT_POLICY, POLICIES
+from qaudit.megatron.gpt import GPTModel, build_model
+from qaudit.megatron.policies import COMPARED_POLICIES, DEFAULT_POLICY, POLICIES
 from qaudit.megatron.session import Session
 from qaudit.probe import CallRecord
 from qaudit.recipe import QuantRecipe, load_recipe
-from qaudit.report import ModuleRow, Report, accumulation_of, calls_per_microbatch, precision_of, tracked_of
+from qaudit.report import (Finding, ModuleRow, Report, accumulation_of, calls_per_microbatch,
+                           precision_of, tracked_of)
 from qaudit.rules import AuditFacts, judge
 from qaudit.runtime import select_runtime
-from qaudit.train import run_training
+from qaudit.train import run_evaluation, run_training
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -30,6 +34,21 @@ class AuditOptions:
     microbatches: int = 2
     runtime: str = "auto"
     seed: int = 0
+    evaluation: bool = False  # forward-only, modules in eval mode
+    verify: bool = False  # measure main_grad against an unfused float64 reference
+    compare_policies: bool = False
+
+
+@dataclass
+class AuditRun:
+    """One built and run model with what the probes saw."""
+
+    model: GPTModel
+    session: Session
+    records: dict[str, list[CallRecord]]
+    rows: list[ModuleRow]
+    facts: AuditFacts
+    snapshot: dict[str, torch.Tensor] | None
 
 
 def load_inputs(config_path: str, recipe_path: str | None = None) -> tuple[ModelConfig, QuantRecipe | None]:
@@ -54,15 +73,22 @@ def audit_files(config_path: str, recipe_path: str | None = None,
     return audit_config(config, recipe, options)
 
 
-def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
-                 options: AuditOptions = AuditOptions()) -> Report:
-    if options.policy not in POLICIES:
-        raise ValueError(f"unknown policy {options.policy!r}")
-    policy = POLICIES[options.policy]
+def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
+              policy_name: str | None = None) -> AuditRun:
+    policy = POLICIES[policy_name or options.policy]
     session = Session(select_runtime(options.runtime), policy)
     model = build_model(config, model_dims(config), session, recipe, seed=options.seed)
-    run_training(model, session.recorder, options.steps, options.microbatches, seed=options.seed)
+    snapshot: dict[str, torch.Tensor] = {}
 
+    def keep_last_step_weights(step: int) -> None:
+        if options.verify and step == options.steps - 1:
+            snapshot.update({name: p.detach().clone() for name, p in model.named_parameters()})
+
+    if options.evaluation:
+        run_evaluation(model, session.recorder, options.steps, options.microbatches, options.seed)
+    else:
+        run_training(model, session.recorder, options.steps, options.microbatches, options.seed,
+                     before_step=keep_last_step_weights)
     records: dict[str, list[CallRecord]] = defaultdict(list)
     for record in session.recorder.calls:
         records[record.module].append(record)
@@ -71,25 +97,86 @@ def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
     rows = []
     for module in modules:
         own = records.get(module.fqn, [])
-        recipe_name = module.quant_config.name if getattr(module, "quant_config", None) else "-"
+        quant_config = getattr(module, "quant_config", None)
         rows.append(ModuleRow(
             name=module.fqn, type=module.upstream_class, precision=precision_of(own),
-            recipe=recipe_name, tracked=tracked_of(own, module.is_te, rearmed),
-            accumulation=accumulation_of(own),
+            recipe=quant_config.name if quant_config else "-",
+            tracked=tracked_of(own, module.is_te, rearmed), accumulation=accumulation_of(own),
             calls_per_microbatch=calls_per_microbatch(own, grad=True),
             nograd_calls_per_microbatch=calls_per_microbatch(own, grad=False)))
-    overwrite = {m.fqn: any(getattr(p, "overwrite_main_grad", False) for p in m.weights()[:1])
-                 for m in modules}
-    facts = AuditFacts(config, recipe, policy, rows, dict(records), overwrite)
-    findings = sorted(judge(facts), key=lambda f: (SEVERITY_ORDER[f.severity], f.rule,
-                                                    [r.name for r in rows].index(f.module)
-                                                    if f.module in records else -1))
+    facts = AuditFacts(
+        config=config, recipe=recipe, policy=policy, rows=rows, records=dict(records),
+        overwrite_main_grad={m.fqn: any(getattr(p, "overwrite_main_grad", False)
+                                        for p in m.weights()[:1]) for m in modules},
+        te_modules=[m.fqn for m in modules if m.is_te],
+        bindings={m.fqn: (m.matcher, m.quant_config) for m in modules
+                  if getattr(m, "quant_config", None) is not None},
+        evaluation=options.evaluation)
+    return AuditRun(model, session, dict(records), rows, facts, snapshot or None)
+
+
+def _sorted_findings(findings: list[Finding], rows: list[ModuleRow]) -> list[Finding]:
+    order = {row.name: i for i, row in enumerate(rows)}
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.rule,
+                                           order.get(f.module, -1), f.file or "", f.line or 0,
+                                           f.message))
+
+
+def _with_verdicts(rows: list[ModuleRow], findings: list[Finding]) -> list[ModuleRow]:
     verdicts: dict[str, list[str]] = defaultdict(list)
     for finding in findings:
         if finding.module and finding.severity != "info" and finding.rule not in verdicts[finding.module]:
             verdicts[finding.module].append(finding.rule)
-    rows = [replace(row, verdict=",".join(verdicts[row.name]) or "ok") for row in rows]
-    return Report(runtime=session.runtime.description, policy=policy.name,
-                  config=config.file or "<memory>", recipe=recipe.file if recipe else None,
-                  steps=options.steps, microbatches=options.microbatches,
-                  modules=rows, findings=findings)
+    return [replace(row, verdict=",".join(verdicts[row.name]) or "ok") for row in rows]
+
+
+def module_group(name: str) -> str:
+    """Collapse layer and expert indices: one group per module kind and block."""
+    return re.sub(r"\.(layers|local_experts)\.\d+\.", r".\1.*.", name)
+
+
+def group_verdicts(rows: list[ModuleRow]) -> dict[str, str]:
+    groups: dict[str, set[str]] = {}
+    for row in rows:
+        rules = groups.setdefault(module_group(row.name), set())
+        if row.verdict != "ok":
+            rules.update(row.verdict.split(","))
+    return {group: ",".join(sorted(rules)) or "ok" for group, rules in groups.items()}
+
+
+def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
+                 options: AuditOptions = AuditOptions()) -> Report:
+    if options.policy not in POLICIES:
+        raise ValueError(f"unknown policy {options.policy!r}")
+    run = run_audit(config, recipe, options)
+    findings = judge(run.facts)
+    rows = run.rows
+    if options.verify and not options.evaluation:
+        from qaudit.verify import verify_run
+
+        rows, findings = verify_run(run, options, findings)
+    findings = _sorted_findings(findings, rows)
+    rows = _with_verdicts(rows, findings)
+    report = Report(runtime=run.session.runtime.description, policy=run.facts.policy.name,
+                    config=config.file or "<memory>", recipe=recipe.file if recipe else None,
+                    steps=options.steps, microbatches=options.microbatches,
+                    modules=rows, findings=findings)
+    if options.compare_policies:
+        report.policies = compare_policies(config, recipe, options, rows)
+    return report
+
+
+def compare_policies(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
+                     current_rows: list[ModuleRow]) -> dict[str, dict[str, str]]:
+    """Per module group, the verdict under each upstream tracking behaviour."""
+    plain = replace(options, verify=False, compare_policies=False)
+    per_policy = {}
+    for name in COMPARED_POLICIES:
+        if name == options.policy:
+            rows = current_rows
+        else:
+            run = run_audit(config, recipe, plain, policy_name=name)
+            rows = _with_verdicts(run.rows, judge(run.facts))
+        per_policy[name] = group_verdicts(rows)
+    groups = list(per_policy[COMPARED_POLICIES[0]])
+    return {group: {name: per_policy[name][group] for name in COMPARED_POLICIES} for group in groups}

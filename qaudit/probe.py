@@ -25,6 +25,7 @@ class CallRecord:
     grad: bool  # grad-enabled forward: its backward will produce a weight gradient
     quant: Quant | None  # executed precision (None: high precision)
     training: bool
+    ambient: Quant | None = None  # the context around the module, before its own recipe
     decision: str | None = None  # backward: accumulate | overwrite | autograd
     backward_seq: int | None = None  # 1-based order among this module's backwards in the mb
     lossy: bool = False
@@ -45,16 +46,19 @@ class Recorder:
         self.microbatch = -1
         self._writes_since_zero.clear()
 
-    def start_microbatch(self) -> None:
+    def start_microbatch(self, buffers_drained: bool = False) -> None:
+        """`buffers_drained`: main_grad was consumed after the previous microbatch (FSDP)."""
         self.microbatch += 1
         self._calls_in_mb.clear()
         self._backwards_in_mb.clear()
+        if buffers_drained:
+            self._writes_since_zero.clear()
 
     def on_forward(self, module: str, flag: bool | None, grad: bool, quant: Quant | None,
-                   training: bool) -> CallRecord:
+                   training: bool, ambient: Quant | None = None) -> CallRecord:
         self._calls_in_mb[module] += 1
         record = CallRecord(module, self.step, self.microbatch, self._calls_in_mb[module],
-                            flag, grad, quant, training)
+                            flag, grad, quant, training, ambient)
         self.calls.append(record)
         return record
 

@@ -81,12 +81,19 @@ class Matcher:
         return fnmatch.fnmatchcase(fqn, self.pattern)
 
 
+@dataclass(frozen=True)
+class DisabledMatcher:
+    name: str
+    line: int | None
+    explicit: bool  # `enabled: false` written out, as opposed to left at the default
+
+
 @dataclass
 class QuantRecipe:
     file: str
     configs: YamlMap
     matchers: list[Matcher]
-    disabled_matchers: list[str]
+    disabled_matchers: list[DisabledMatcher]
     _parsed: dict[str, QuantConfig]
 
     def match(self, fqn: str) -> Matcher | None:
@@ -98,16 +105,18 @@ class QuantRecipe:
 
     def config_for(self, matcher: Matcher) -> QuantConfig:
         """Parse (once) the payload a matcher names; upstream does this at model construction."""
-        if matcher.config not in self._parsed:
-            if matcher.config not in self.configs:
-                hint = did_you_mean(matcher.config, [str(k) for k in self.configs])
-                raise InputError(f"matcher '{matcher.name}' names config '{matcher.config}', which "
-                                 f"is not defined under 'configs'{hint}",
-                                 file=self.file, line=matcher.line, key="config")
-            self._parsed[matcher.config] = _parse_payload(
-                self.file, matcher.config, self.configs[matcher.config],
-                self.configs.line_of(matcher.config))
-        return self._parsed[matcher.config]
+        if matcher.config not in self.configs:
+            hint = did_you_mean(matcher.config, [str(k) for k in self.configs])
+            raise InputError(f"matcher '{matcher.name}' names config '{matcher.config}', which "
+                             f"is not defined under 'configs'{hint}",
+                             file=self.file, line=matcher.line, key="config")
+        return self.parse_config(matcher.config)
+
+    def parse_config(self, name: str) -> QuantConfig:
+        if name not in self._parsed:
+            self._parsed[name] = _parse_payload(self.file, name, self.configs[name],
+                                                self.configs.line_of(name))
+        return self._parsed[name]
 
 
 def load_recipe(path: Path, display: str | None = None) -> QuantRecipe:
@@ -124,12 +133,12 @@ def load_recipe(path: Path, display: str | None = None) -> QuantRecipe:
     configs = _mapping_or_empty(document, "configs", display)
     matchers_map = _mapping_or_empty(document, "matchers", display)
     matchers: list[Matcher] = []
-    disabled: list[str] = []
+    disabled: list[DisabledMatcher] = []
     for name, body in matchers_map.items():
         line = matchers_map.line_of(name)
         matcher = _parse_matcher(display, str(name), body, line)
         if matcher is None:
-            disabled.append(str(name))
+            disabled.append(DisabledMatcher(str(name), line, "enabled" in body))
         else:
             matchers.append(matcher)
     return QuantRecipe(display, configs, matchers, disabled, {})

@@ -8,6 +8,8 @@ autograd gradients into `main_grad` as Megatron's DDP does (semantics.md §1.3).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from qaudit.megatron.gpt import GPTModel
@@ -24,12 +26,18 @@ def _ddp_hook(param: torch.nn.Parameter) -> None:
     param.grad = None
 
 
-def attach_grad_buffers(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+def attach_grad_buffers(model: torch.nn.Module, overwrite_main_grad: bool = False
+                        ) -> list[torch.nn.Parameter]:
     params = [p for p in model.parameters() if p.requires_grad]
     for param in params:
         param.main_grad = torch.zeros_like(param)
         param.grad_added_to_main_grad = False
         param.register_post_accumulate_grad_hook(_ddp_hook)
+        if overwrite_main_grad:
+            # Megatron-FSDP (optim_grads sharding): each backward's wgrad replaces main_grad,
+            # which is reduce-scattered into the sharded gradient after every microbatch.
+            param.overwrite_main_grad = True
+            param.sharded_grad = torch.zeros_like(param)
     return params
 
 
@@ -38,6 +46,13 @@ def zero_grad_buffer(params: list[torch.nn.Parameter]) -> None:
         param.main_grad.zero_()
         param.grad_added_to_main_grad = False
         param.grad = None
+        if hasattr(param, "sharded_grad"):
+            param.sharded_grad.zero_()
+
+
+def step_gradient(param: torch.nn.Parameter) -> torch.Tensor:
+    """The gradient the optimizer uses: main_grad, or FSDP's per-step reduced gradient."""
+    return param.sharded_grad if hasattr(param, "sharded_grad") else param.main_grad
 
 
 def make_batches(model: GPTModel, count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -52,18 +67,41 @@ def make_batches(model: GPTModel, count: int, seed: int) -> list[tuple[torch.Ten
 
 
 def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: int,
-                 seed: int = 0) -> None:
-    params = attach_grad_buffers(model)
+                 seed: int = 0, before_step: Callable[[int], None] | None = None) -> None:
+    fsdp = model.config.overwrites_main_grad
+    params = attach_grad_buffers(model, overwrite_main_grad=fsdp)
     batches = make_batches(model, microbatches, seed)
     model.train()
-    for _ in range(steps):
+    for step in range(steps):
+        if before_step is not None:
+            before_step(step)
         zero_grad_buffer(params)
         recorder.start_step()
         for index, (tokens, labels) in enumerate(batches):
-            recorder.start_microbatch()
+            recorder.start_microbatch(buffers_drained=fsdp)
             if index == 0:
                 model.set_is_first_microbatch()
             model(tokens, labels).backward()
+            if fsdp:
+                for param in params:
+                    param.sharded_grad.add_(param.main_grad)
+                    param.main_grad.zero_()
         with torch.no_grad():
             for param in params:
-                param.add_(param.main_grad, alpha=-LEARNING_RATE)
+                param.add_(step_gradient(param), alpha=-LEARNING_RATE)
+
+
+def run_evaluation(model: GPTModel, recorder: Recorder, steps: int, microbatches: int,
+                   seed: int = 0) -> None:
+    """Forward-only evaluation: modules in eval mode (evaluation recipes), flags re-armed at
+    each evaluation's first microbatch, no backward."""
+    batches = make_batches(model, microbatches, seed)
+    model.eval()
+    with torch.no_grad():
+        for _ in range(steps):
+            recorder.start_step()
+            for index, (tokens, labels) in enumerate(batches):
+                recorder.start_microbatch()
+                if index == 0:
+                    model.set_is_first_microbatch()
+                model(tokens, labels)

@@ -61,7 +61,10 @@ def test_qa001_message_names_call_cause_and_line(write_yaml):
                                    "disable_parameter_transpose_cache: true\n"])
 def test_no_fusion_or_no_caching_passes(write_yaml, extra):
     report = audit_files(write_yaml("c.yaml", SMALL_MTP + FP8 + extra))
-    assert report.findings == [] and exit_code(report) == 0
+    assert exit_code(report) == 0 and report.counts().get("warning", 0) == 0
+    # Without caching, quantized modules re-quantize every call: a cost, reported as info.
+    expected_info = {"QA004"} if "transpose" in extra else set()
+    assert {f.rule for f in report.findings} == expected_info
     expected = "autograd" if "fusion" in extra else "accumulate"
     assert {r.accumulation for r in mtp_rows(report)} == {expected}
     if "transpose" in extra:
@@ -94,7 +97,7 @@ def test_recipe_forcing_mtp_bf16_fails_under_config_passes_under_module(write_ya
     recipe = write_yaml("r.yaml", MTP_BF16_RECIPE)
     upstream = audit_files(config, recipe)
     assert {(r.precision, r.recipe, r.tracked, r.verdict) for r in mtp_rows(upstream)} == \
-        {("bf16", "hp", "yes", "QA001")}
+        {("bf16", "hp", "yes", "QA001,QA003")}  # the overwrite, and its #7353 cause
     fixed = audit_files(config, recipe, AuditOptions(policy="module"))
     assert {(r.tracked, r.accumulation, r.verdict) for r in mtp_rows(fixed)} == {("no", "accumulate", "ok")}
     assert exit_code(fixed) == 0

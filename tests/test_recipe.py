@@ -41,7 +41,7 @@ def test_first_enabled_match_wins_and_star_crosses_dots(tmp_path):
 def test_matcher_without_enabled_is_skipped(tmp_path):
     recipe = load(tmp_path)
     assert recipe.match("decoder.layers.0.mlp.linear_fc2") is None
-    assert recipe.disabled_matchers == ["draft"]
+    assert [(d.name, d.explicit) for d in recipe.disabled_matchers] == [("draft", False)]
 
 
 def test_payload_defaults_and_evaluation_recipe(tmp_path):

@@ -82,5 +82,17 @@ class ModulePolicy(TrackingPolicy):
         return module.is_first_microbatch
 
 
-POLICIES: dict[str, TrackingPolicy] = {p.name: p for p in (LegacyPolicy(), ConfigPolicy(), ModulePolicy())}
+class Pre5642Policy(LegacyPolicy):
+    name = "pre-5642"
+    upstream = "Megatron-LM before PR #5642 (issue #5641)"
+    summary = "as legacy, but a quant_recipe alone does not re-arm the flags"
+
+    def rearms(self, config: ModelConfig) -> bool:
+        return bool(config.fp8 or config.fp4 or config.use_kitchen)
+
+
+POLICIES: dict[str, TrackingPolicy] = {
+    p.name: p for p in (LegacyPolicy(), ConfigPolicy(), ModulePolicy(), Pre5642Policy())}
+# The three behaviours --compare-policies puts side by side.
+COMPARED_POLICIES = ("legacy", "config", "module")
 DEFAULT_POLICY = "config"

@@ -36,10 +36,10 @@ class AuditedModule(torch.nn.Module):
         self.fqn = ""
 
     def _record(self, flag: bool | None, inner: torch.nn.Module | None,
-                run: Callable[[], torch.Tensor]) -> torch.Tensor:
+                run: Callable[[], torch.Tensor], ambient: Quant | None = None) -> torch.Tensor:
         recorder = self.session.recorder
         record = recorder.on_forward(self.fqn, flag, torch.is_grad_enabled(),
-                                     self.session.runtime.current_quant(), self.training)
+                                     self.session.runtime.current_quant(), self.training, ambient)
         target = inner if inner is not None else self
         target.wgrad_listener = recorder.listener_for(record)
         try:
@@ -88,7 +88,7 @@ class TEWrapper(AuditedModule):
                    else contextlib.nullcontext())
         with context:
             out = self._record(flag, self.inner,
-                               lambda: self.inner(x, *args, is_first_microbatch=flag))
+                               lambda: self.inner(x, *args, is_first_microbatch=flag), ambient)
         self.is_first_microbatch = False
         return out
 

@@ -10,7 +10,7 @@ from typing import Callable, Iterable
 from qaudit.config import ModelConfig
 from qaudit.megatron.policies import TrackingPolicy
 from qaudit.probe import CallRecord
-from qaudit.recipe import QuantRecipe
+from qaudit.recipe import Matcher, QuantConfig, QuantRecipe
 from qaudit.report import Finding, ModuleRow
 
 
@@ -24,6 +24,13 @@ class AuditFacts:
     rows: list[ModuleRow]
     records: dict[str, list[CallRecord]]  # per module name, in call order
     overwrite_main_grad: dict[str, bool]
+    te_modules: list[str]  # names of TE modules (the ones recipes can bind), model order
+    bindings: dict[str, tuple[Matcher, QuantConfig]]  # module name -> its matcher and config
+    evaluation: bool = False
+
+    @property
+    def rows_by_name(self) -> dict[str, ModuleRow]:
+        return {row.name: row for row in self.rows}
 
 
 @dataclass(frozen=True)
