@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -68,9 +68,14 @@ def load_inputs(config_path: str, recipe_path: str | None = None) -> tuple[Model
 
 
 def audit_files(config_path: str, recipe_path: str | None = None,
-                options: AuditOptions = AuditOptions()) -> Report:
+                options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
     config, recipe = load_inputs(config_path, recipe_path)
-    return audit_config(config, recipe, options)
+    report = audit_config(config, recipe, options)
+    if suggest:
+        from qaudit.suggest import suggest as find_remedies
+
+        report.suggestions = [asdict(s) for s in find_remedies(config, recipe, options, report)]
+    return report
 
 
 def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,

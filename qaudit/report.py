@@ -53,6 +53,11 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     # Per module group, the verdict under each tracking policy (--compare-policies only).
     policies: dict[str, dict[str, str]] | None = None
+    # Remedies re-audited by --suggest: remedy, passes, cost, yaml, remaining_errors.
+    suggestions: list[dict[str, Any]] | None = None
+    # Findings hidden by --baseline or a `qaudit: ignore` comment (qaudit/baseline.py); each
+    # also has `suppression`: "baseline" or "comment". Not counted in summary or exit code.
+    suppressed: list[Finding] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
@@ -76,6 +81,9 @@ class Report:
             "findings": [asdict(f) for f in self.findings],
             "summary": {severity: counts.get(severity, 0) for severity in SEVERITIES},
             **({"policies": self.policies} if self.policies is not None else {}),
+            **({"suggestions": self.suggestions} if self.suggestions is not None else {}),
+            **({"suppressed": [asdict(f) for f in self.suppressed]}
+               if self.suppressed is not None else {}),
         }
 
 

@@ -88,7 +88,7 @@ def verify_run(run, options, findings: list[Finding]) -> tuple[list[ModuleRow], 
         if finding.rule == "QA001" and errors.get(finding.module) is not None:
             error = errors[finding.module]
             finding = replace(finding, evidence=(
-                f"confirmed: main_grad misses {error:.0%} of the true gradient "
+                f"confirmed: main_grad is off by {error:.0%} of the true gradient "
                 f"(grad_rel_error {error:.2e})" if error > CONFIRM_THRESHOLD else
                 f"not reproduced: grad_rel_error {error:.2e} is rounding only"))
         elif finding.rule == "QA002" and finding.module in modules:

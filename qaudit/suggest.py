@@ -1,0 +1,113 @@
+"""--suggest: try the known remedies for the errors found, keep those that make the audit pass.
+
+Each remedy is re-audited, not guessed. Costs are stated in the terms a training team weighs:
+memory (at the config's real widths), precision and speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from qaudit.config import ModelConfig
+from qaudit.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
+from qaudit.report import Report
+from qaudit.yamlio import YamlMap
+
+# bf16 weight + fp32 main_grad + fp32 master weight + two fp32 Adam moments.
+TRAINING_BYTES_PER_PARAM = 2 + 4 + 4 + 8
+KEEP_BF16 = "qaudit_keep_bf16"
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    remedy: str
+    passes: bool
+    cost: str
+    yaml: str
+    remaining_errors: int
+
+
+def layer_params(config: ModelConfig, moe: bool) -> int:
+    """Weights of one transformer layer at real widths (linears and router)."""
+    h = config.hidden_size
+    heads, groups, kv = config.num_attention_heads, config.num_query_groups, config.kv_channels
+    glu = 2 if config.gated_linear_unit else 1
+    attention = h * (heads + 2 * groups) * kv + heads * kv * h
+    if not moe:
+        return attention + h * config.ffn_hidden_size * glu + config.ffn_hidden_size * h
+    expert = h * config.moe_ffn_hidden_size * glu + config.moe_ffn_hidden_size * h
+    shared = config.moe_shared_expert_intermediate_size or 0
+    return (attention + config.num_moe_experts * expert + h * config.num_moe_experts
+            + h * shared * glu + shared * h)
+
+
+def _gib(params: int) -> str:
+    return f"{params * TRAINING_BYTES_PER_PARAM / 2**30:.1f} GiB"
+
+
+def _failing(report: Report) -> list[str]:
+    return sorted({f.module for f in report.findings if f.severity == "error" and f.module})
+
+
+def _bf16_pattern(modules: list[str]) -> str:
+    prefixes = {m.split(".")[0] for m in modules}
+    if prefixes == {"mtp"}:
+        return "mtp.*"
+    return modules[0] if len(modules) == 1 else "*"
+
+
+def _recipe_forcing_bf16(recipe: QuantRecipe | None, pattern: str, file: str) -> QuantRecipe:
+    hp = TERecipe(None, None, None, "e4m3", True, False, False, False, False)
+    configs = YamlMap(recipe.configs if recipe else {})
+    configs[KEEP_BF16] = {"transformer_engine_config_type": "TEQuantizationParams",
+                          "training_recipe": {}}
+    forced = QuantRecipe(recipe.file if recipe else file, configs,
+                         [Matcher(KEEP_BF16, pattern, KEEP_BF16, None)] + (recipe.matchers if recipe else []),
+                         recipe.disabled_matchers if recipe else [], dict(recipe._parsed) if recipe else {})
+    forced._parsed[KEEP_BF16] = QuantConfig(KEEP_BF16, hp, None, None)
+    return forced
+
+
+def suggest(config: ModelConfig, recipe: QuantRecipe | None, options, report: Report) -> list[Suggestion]:
+    from qaudit.audit import audit_config
+
+    failing = _failing(report)
+    if not failing:
+        return []
+    plain = replace(options, verify=False, compare_policies=False)
+    candidates = []
+    if config.mtp_use_repeated_layer and any(m.startswith("mtp.") for m in failing):
+        extra = (config.mtp_depths - 1) * (layer_params(config, config.moe_layer_pattern()[-1])
+                                           + 2 * config.hidden_size ** 2)
+        candidates.append(("one MTP layer per depth", replace(config, mtp_use_repeated_layer=False),
+                           recipe, plain,
+                           f"memory: +{extra / 1e9:.2f} B parameters ({_gib(extra)} of weights, "
+                           "gradients and Adam state before sharding); the depths no longer share "
+                           "weights", "mtp_use_repeated_layer: false"))
+    if "output_layer" in failing and config.fp8_output_proj:
+        candidates.append(("Megatron's own output layer", replace(config, fp8_output_proj=False),
+                           recipe, plain, "precision and speed: the output projection runs "
+                           "bf16 instead of mxfp8", "fp8_output_proj: false"))
+    pattern = _bf16_pattern(failing)
+    candidates.append((f"--policy module with {pattern} forced to bf16 (needs Megatron-LM PR #7353)",
+                       replace(config, quant_recipe=config.quant_recipe or "recipe"),
+                       _recipe_forcing_bf16(recipe, pattern, config.file or "recipe.yaml"),
+                       replace(plain, policy="module"),
+                       f"precision/speed: {len(failing)} module(s) run bf16 instead of quantized",
+                       f"configs:\n  {KEEP_BF16}: {{transformer_engine_config_type: "
+                       f"TEQuantizationParams, training_recipe: {{}}}}\nmatchers:   # put first\n"
+                       f"  {KEEP_BF16}: {{type: glob, pattern: \"{pattern}\", config: {KEEP_BF16}, "
+                       "enabled: true}"))
+    candidates.append(("no weight caching", replace(config, disable_parameter_transpose_cache=True),
+                       recipe, plain, "speed: every quantized weight is re-quantized on every "
+                       "microbatch (no cached weight or transpose)",
+                       "disable_parameter_transpose_cache: true"))
+    candidates.append(("no fused wgrad accumulation", replace(config, gradient_accumulation_fusion=False),
+                       recipe, plain, "speed and memory: every weight gradient goes through "
+                       "autograd's .grad and a hook adds it to main_grad (one extra gradient "
+                       "buffer and copy per weight)", "gradient_accumulation_fusion: false"))
+    results = []
+    for remedy, new_config, new_recipe, new_options, cost, yaml_lines in candidates:
+        errors = audit_config(new_config, new_recipe, new_options).counts().get("error", 0)
+        results.append(Suggestion(remedy, errors == 0, cost, yaml_lines, errors))
+    return results
