@@ -1,0 +1,192 @@
+"""Every rule fires on a case made for it and stays silent on a clean one (issue 3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from qaudit.audit import AuditOptions, audit_files
+from qaudit.config import SourceNote
+from qaudit.megatron.policies import POLICIES
+from qaudit.probe import CallRecord
+from qaudit.report import ModuleRow
+from qaudit.rules import AuditFacts, load_rules
+
+BASE = "num_layers: 2\nhidden_size: 128\nnum_attention_heads: 4\n"
+MTP = "mtp_num_layers: 2\nmtp_use_repeated_layer: true\n"
+FP8 = "fp8: e4m3\nfp8_recipe: tensorwise\n"
+HP_CONFIG = "  hp: {transformer_engine_config_type: TEQuantizationParams, training_recipe: {}}\n"
+FP8_CONFIG = ("  q: {transformer_engine_config_type: TEQuantizationParams, training_recipe: "
+              "{fp8_quantization_recipe: tensorwise, override_nonquantized_autocast: true}}\n")
+
+
+def rules_of(report) -> set[str]:
+    return {f.rule for f in report.findings}
+
+
+@pytest.fixture
+def audit(write_yaml):
+    def run(config: str, recipe: str | None = None, **options):
+        recipe_path = write_yaml("recipe.yaml", recipe) if recipe is not None else None
+        return audit_files(write_yaml("config.yaml", config), recipe_path, AuditOptions(**options))
+    return run
+
+
+def test_every_rule_has_a_doc_page_title_and_severity():
+    rules = load_rules()
+    assert {"QA001", "QA002", "QA003", "QA004", "QA005", "QA010", "QA011", "QA012", "QA013",
+            "QA014", "QA015", "QA016", "QA017", "QA090"} <= set(rules)
+    for rule in rules.values():
+        assert rule.severity in ("error", "warning", "info")
+        assert rule.title and len(rule.doc) > 80
+
+
+def test_qa001_fires_on_repeated_fp8_and_not_per_depth(audit):
+    assert "QA001" in rules_of(audit(BASE + MTP + FP8))
+    assert "QA001" not in rules_of(audit(BASE + MTP.replace("true", "false") + FP8))
+
+
+def test_qa001_under_megatron_fsdp_overwrite_main_grad(audit):
+    fsdp = "use_megatron_fsdp: true\ndata_parallel_sharding_strategy: optim_grads\n"
+    report = audit(BASE + MTP + fsdp)  # BF16: no flag tracking at all, overwrite anyway
+    failing = {f.module for f in report.findings if f.rule == "QA001"}
+    assert failing and all(m.startswith("mtp.") for m in failing)
+    assert any("overwrite_main_grad" in f.message for f in report.findings if f.rule == "QA001")
+    rows = {r.name: r for r in report.modules}
+    assert rows["decoder.layers.0.mlp.linear_fc1"].accumulation == "overwrite-always"
+    assert rows["decoder.layers.0.mlp.linear_fc1"].verdict == "ok"  # one call per microbatch
+    clean = audit(BASE + MTP + "use_megatron_fsdp: true\ndata_parallel_sharding_strategy: optim\n")
+    assert "QA001" not in rules_of(clean)
+
+
+RECIPE_ONLY_FP8 = "configs:\n" + FP8_CONFIG + \
+    "matchers:\n  mlp: {type: glob, pattern: '*.mlp.*', config: q, enabled: true}\n"
+
+
+def test_qa002_stale_cache_before_pr_5642_and_not_after(audit):
+    stale = audit(BASE + "quant_recipe: recipe.yaml\n", RECIPE_ONLY_FP8, policy="pre-5642", steps=3)
+    assert {f.module for f in stale.findings if f.rule == "QA002"} == {
+        f"decoder.layers.{i}.mlp.linear_fc{j}" for i in (0, 1) for j in (1, 2)}
+    fixed = audit(BASE + "quant_recipe: recipe.yaml\n", RECIPE_ONLY_FP8, steps=3)
+    assert "QA002" not in rules_of(fixed)
+
+
+def test_qa002_verify_shows_forward_diverging_from_fresh_quantization(audit):
+    stale = audit(BASE + "quant_recipe: recipe.yaml\n", RECIPE_ONLY_FP8, policy="pre-5642",
+                  verify=True)
+    evidence = [f.evidence for f in stale.findings if f.rule == "QA002"]
+    assert evidence and all(e.startswith("confirmed: output with the cached weight") for e in evidence)
+    assert all(float(e.split("by ")[1].split(" ")[0]) > 1e-3 for e in evidence)
+
+
+ATTN_HP = "configs:\n" + HP_CONFIG + \
+    "matchers:\n  attn: {type: glob, pattern: '*self_attention*', config: hp, enabled: true}\n"
+
+
+def test_qa003_tracked_high_precision_info_and_silent_under_module_policy(audit):
+    report = audit(BASE + FP8 + "quant_recipe: recipe.yaml\n", ATTN_HP)
+    qa003 = [f for f in report.findings if f.rule == "QA003"]
+    assert qa003 and {f.severity for f in qa003} == {"info"}
+    assert all("self_attention" in f.module for f in qa003)
+    assert "QA003" not in rules_of(audit(BASE + FP8 + "quant_recipe: recipe.yaml\n", ATTN_HP,
+                                         policy="module"))
+
+
+def test_qa003_is_an_error_when_the_module_is_repeated(audit):
+    mtp_hp = ATTN_HP.replace("'*self_attention*'", "'mtp.*'")
+    report = audit(BASE + MTP + FP8 + "quant_recipe: recipe.yaml\n", mtp_hp)
+    assert {f.severity for f in report.findings if f.rule == "QA003"} == {"error"}
+
+
+def test_qa004_quantized_untracked(audit):
+    assert "QA004" in rules_of(audit(BASE + FP8 + "disable_parameter_transpose_cache: true\n"))
+    assert "QA004" not in rules_of(audit(BASE + FP8))
+
+
+def _facts(records, calls=2):
+    row = ModuleRow("m", "TELinear", "fp8/tensorwise", "-", "yes", "overwrite-first", calls, 0)
+    from qaudit.config import ModelConfig
+
+    config = ModelConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
+    return AuditFacts(config, None, POLICIES["config"], [row], {"m": records}, {"m": False},
+                      ["m"], {})
+
+
+def test_qa005_overwrite_that_ran_first_is_order_dependent():
+    check = load_rules()["QA005"].check
+    first_runs_first = [CallRecord("m", 0, 0, 1, True, True, None, True, decision="overwrite",
+                                   backward_seq=1),
+                        CallRecord("m", 0, 0, 2, False, True, None, True, decision="accumulate",
+                                   backward_seq=2)]
+    assert [f.rule for f in check(_facts(first_runs_first))] == ["QA005"]
+    lost = [CallRecord("m", 0, 0, 1, True, True, None, True, decision="overwrite",
+                       backward_seq=2, lossy=True)]
+    assert list(check(_facts(lost))) == []
+    single = first_runs_first[:1]
+    assert list(check(_facts(single, calls=1))) == []
+
+
+LINT_RECIPE = """\
+configs:
+  q:
+    transformer_engine_config_type: TEQuantizationParams
+    training_recipe: {fp8_quantization_recipe: tensorwise, override_nonquantized_autocast: true}
+    evaluation_recipe: {}
+  broken:
+    transformer_engine_config_type: TEQuantizationParams
+    training_recipe: {fp8_quantization_recipe: delayed}
+matchers:
+  mlp: {type: glob, pattern: "*.mlp.*", config: q, enabled: true}
+  fc1: {type: glob, pattern: "*.mlp.linear_fc1", config: q, enabled: true}
+  draft: {type: glob, pattern: "*linear_qkv", config: q}
+  parked: {type: glob, pattern: "*linear_proj", config: q, enabled: false}
+  none: {type: glob, pattern: "encoder.*", config: missing, enabled: true}
+"""
+CLEAN_RECIPE = "configs:\n" + FP8_CONFIG + \
+    "matchers:\n  mlp: {type: glob, pattern: '*.mlp.*', config: q, enabled: true}\n"
+
+
+def test_recipe_lints_fire_with_their_lines(audit):
+    report = audit(BASE + "quant_recipe: recipe.yaml\n", LINT_RECIPE)
+    by_rule = {f.rule: f for f in report.findings}
+    assert (by_rule["QA010"].line, "draft" in by_rule["QA010"].message) == (12, True)
+    assert [f.rule for f in report.findings].count("QA010") == 1  # explicit false is deliberate
+    assert by_rule["QA011"].line == 14 and "encoder" in by_rule["QA011"].message
+    assert by_rule["QA012"].line == 11 and "mlp" in by_rule["QA012"].message
+    assert by_rule["QA013"].line == 14 and "missing" in by_rule["QA013"].message
+    assert by_rule["QA014"].line == 8 and "delayed" in by_rule["QA014"].message
+    assert by_rule["QA016"].line == 5
+    assert all(by_rule[r].file.endswith("recipe.yaml") for r in ("QA010", "QA011", "QA014"))
+
+
+def test_recipe_lints_silent_on_a_clean_recipe(audit):
+    report = audit(BASE + "quant_recipe: recipe.yaml\n", CLEAN_RECIPE)
+    assert not rules_of(report) & {"QA010", "QA011", "QA012", "QA013", "QA014", "QA015", "QA016"}
+
+
+def test_qa015_recipe_without_override_in_bf16_context(audit):
+    no_override = CLEAN_RECIPE.replace(", override_nonquantized_autocast: true", "")
+    report = audit(BASE + "quant_recipe: recipe.yaml\n", no_override)
+    finding = next(f for f in report.findings if f.rule == "QA015")
+    assert "stay bf16" in finding.message and finding.line == 2
+    assert all(r.precision == "bf16" for r in report.modules)
+
+
+def test_qa017_layer_number_pattern_only_with_pipelining(audit):
+    recipe = CLEAN_RECIPE.replace("'*.mlp.*'", "'decoder.layers.0.*'")
+    assert "QA017" in rules_of(audit(BASE + "pipeline_model_parallel_size: 2\nquant_recipe: recipe.yaml\n", recipe))
+    assert "QA017" not in rules_of(audit(BASE + "quant_recipe: recipe.yaml\n", recipe))
+
+
+def test_qa090_reports_source_notes():
+    check = load_rules()["QA090"].check
+    facts = _facts([])
+    assert list(check(facts)) == []
+    from pathlib import Path
+
+    from qaudit.config import ConfigSource
+    from qaudit.yamlio import YamlMap
+
+    facts.config.source = ConfigSource("run.sh", Path("run.sh"), YamlMap(),
+                                       [SourceNote("--cuda-graph-impl is not modelled", 7, "x")])
+    findings = list(check(facts))
+    assert [(f.rule, f.severity, f.line, f.file) for f in findings] == [("QA090", "warning", 7, "run.sh")]
