@@ -7,6 +7,7 @@ import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Mapping
 
 import torch
 
@@ -22,6 +23,7 @@ from qaudit.report import (Finding, ModuleRow, Report, accumulation_of, calls_pe
                            precision_of, tracked_of)
 from qaudit.rules import AuditFacts, judge
 from qaudit.runtime import select_runtime
+from qaudit.sources import load_source_config
 from qaudit.train import run_evaluation, run_training
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -37,6 +39,8 @@ class AuditOptions:
     evaluation: bool = False  # forward-only, modules in eval mode
     verify: bool = False  # measure main_grad against an unfused float64 reference
     compare_policies: bool = False
+    # --set NAME=VALUE: values a launch script or MODEL_ARGS file takes from outside.
+    variables: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -51,9 +55,15 @@ class AuditRun:
     snapshot: dict[str, torch.Tensor] | None
 
 
-def load_inputs(config_path: str, recipe_path: str | None = None) -> tuple[ModelConfig, QuantRecipe | None]:
-    """Load the model config and its recipe (`--recipe` wins over `quant_recipe`)."""
-    config = load_model_config(Path(config_path), config_path)
+def load_inputs(config_path: str, recipe_path: str | None = None,
+                variables: Mapping[str, str] | None = None) -> tuple[ModelConfig, QuantRecipe | None]:
+    """Load the model config and its recipe (`--recipe` wins over `quant_recipe`).
+
+    The config is a bash launch script (`.sh` or a shell shebang), a functional-test YAML with
+    `MODEL_ARGS`, or a TransformerConfig YAML (see `qaudit.sources`).
+    """
+    config = load_source_config(Path(config_path), config_path, variables) \
+        or load_model_config(Path(config_path), config_path)
     if recipe_path is not None:
         config.quant_recipe = recipe_path
         return config, load_recipe(Path(recipe_path), recipe_path)
@@ -61,7 +71,7 @@ def load_inputs(config_path: str, recipe_path: str | None = None) -> tuple[Model
         return config, None
     # Relative to the config file, as a user reading the config expects.
     display = os.path.normpath(os.path.join(os.path.dirname(config_path), config.quant_recipe))
-    if not Path(display).is_file():
+    if not os.path.isfile(display):  # False (not OSError) for a name too long or with a NUL
         raise InputError(f"recipe file {display!r} not found (paths are relative to the config file)",
                          file=config.file, line=config.line_of("quant_recipe"), key="quant_recipe")
     return config, load_recipe(Path(display), display)
@@ -69,7 +79,7 @@ def load_inputs(config_path: str, recipe_path: str | None = None) -> tuple[Model
 
 def audit_files(config_path: str, recipe_path: str | None = None,
                 options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
-    config, recipe = load_inputs(config_path, recipe_path)
+    config, recipe = load_inputs(config_path, recipe_path, dict(options.variables))
     report = audit_config(config, recipe, options)
     if suggest:
         from qaudit.suggest import suggest as find_remedies
@@ -153,6 +163,17 @@ def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
                  options: AuditOptions = AuditOptions()) -> Report:
     if options.policy not in POLICIES:
         raise ValueError(f"unknown policy {options.policy!r}")
+    # The shrunk model's tensors are tiny: extra intra-op threads only add synchronisation,
+    # and spin badly when the machine is busy.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _audit_config(config, recipe, options)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions) -> Report:
     run = run_audit(config, recipe, options)
     findings = judge(run.facts)
     rows = run.rows

@@ -206,3 +206,25 @@ def test_stacked_weights_match_one_by_one_quantization(recipe):
     stacked = fake_quantize(weights, quant, "weight")
     for i in range(3):
         assert torch.equal(stacked[i], fake_quantize(weights[i], quant, "weight"))
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_grouped_linear_equals_one_linear_per_expert(monkeypatch, batched):
+    if not batched:
+        monkeypatch.setattr(reference, "_BATCHED_GROUPED_LIMIT", 0)
+    torch.manual_seed(0)
+    grouped = reference.GroupedLinear(3, 8, 4, fuse_wgrad_accumulation=True)
+    weights = [getattr(grouped, f"weight{i}") for i in range(3)]
+    for weight in weights:
+        weight.main_grad = torch.zeros_like(weight)
+    x = torch.randn(7, 8, requires_grad=True)
+    splits = [3, 0, 4]
+    out = grouped(x, splits, is_first_microbatch=None)
+    out.pow(2).sum().backward()
+    chunks = torch.split(x.detach(), splits)
+    expected = torch.cat([c @ w.detach().t() for c, w in zip(chunks, weights)])
+    assert torch.allclose(out, expected, atol=1e-6)
+    for chunk, weight, piece in zip(chunks, weights, torch.split(expected, splits)):
+        assert torch.allclose(weight.main_grad, (2 * piece).t() @ chunk, atol=1e-5)
+    dx = torch.cat([(2 * p) @ w.detach() for p, w in zip(torch.split(expected, splits), weights)])
+    assert torch.allclose(x.grad, dx, atol=1e-5)

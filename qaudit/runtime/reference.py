@@ -68,6 +68,16 @@ def wgrad_plan(fuse_wgrad_accumulation: bool, is_first_microbatch: bool | None,
     return WgradPlan(True, not is_first_microbatch)
 
 
+# Grouped GEMMs over at most this many gathered weight elements run as one batched product
+# (the shrunk audit: many experts, few tokens); larger ones loop over experts.
+_BATCHED_GROUPED_LIMIT = 1 << 24
+
+
+def _row_experts(m_splits: Sequence[int], device: torch.device) -> torch.Tensor:
+    return torch.repeat_interleave(torch.arange(len(m_splits), device=device),
+                                   torch.tensor(m_splits, device=device))
+
+
 class GemmsFunction(torch.autograd.Function):
     """One or more GEMMs over row splits of `x`, with TE's wgrad handling."""
 
@@ -75,51 +85,74 @@ class GemmsFunction(torch.autograd.Function):
     def forward(ctx, meta: dict, x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
         quant: Quant | None = meta["quant"]
         xq = fake_quantize(x, quant, "input") if quant else x
-        chunks = torch.split(xq, meta["m_splits"]) if len(weights) > 1 else (xq,)
-        outs = [chunk @ w.t() for chunk, w in zip(chunks, meta["compute_weights"])]
-        ctx.meta = meta
-        ctx.weights = weights
-        ctx.save_for_backward(xq, *meta["compute_weights"])
-        return torch.cat(outs) if len(outs) > 1 else outs[0]
+        compute_weights = meta["compute_weights"]
+        ctx.meta, ctx.weights = meta, weights
+        ctx.batched = len(weights) > 1 and xq.shape[0] * compute_weights[0].numel() <= _BATCHED_GROUPED_LIMIT
+        if len(weights) == 1:
+            out = xq @ compute_weights[0].t()
+            ctx.save_for_backward(xq, compute_weights[0])
+        elif ctx.batched:
+            stacked = torch.stack(compute_weights)
+            rows = stacked[_row_experts(meta["m_splits"], x.device)]
+            out = torch.bmm(rows, xq.unsqueeze(-1)).squeeze(-1)
+            ctx.save_for_backward(xq, stacked)
+        else:
+            chunks = torch.split(xq, meta["m_splits"])
+            out = torch.cat([chunk @ w.t() for chunk, w in zip(chunks, compute_weights)])
+            ctx.save_for_backward(xq, *compute_weights)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         meta = ctx.meta
-        xq, *compute_weights = ctx.saved_tensors
         quant: Quant | None = meta["quant"]
         g = fake_quantize(grad_out, quant, "grad") if quant else grad_out
-        multi = len(compute_weights) > 1
-        g_chunks = torch.split(g, meta["m_splits"]) if multi else (g,)
-        x_chunks = torch.split(xq, meta["m_splits"]) if multi else (xq,)
-        dx = torch.cat([gc @ w for gc, w in zip(g_chunks, compute_weights)]) if multi \
-            else g @ compute_weights[0]
+        m_splits = meta["m_splits"]
+        if len(ctx.weights) == 1:
+            xq, weight = ctx.saved_tensors
+            dx = g @ weight
+            dws = [g.reshape(-1, g.shape[-1]).t() @ xq.reshape(-1, xq.shape[-1])]
+        elif ctx.batched:
+            xq, stacked = ctx.saved_tensors
+            experts = _row_experts(m_splits, g.device)
+            dx = torch.bmm(g.unsqueeze(1), stacked[experts]).squeeze(1)
+            per_row = g.unsqueeze(2) * xq.unsqueeze(1)
+            dw_all = torch.zeros_like(stacked).index_add_(0, experts, per_row)
+            dws = [dw_all[i] if n else None for i, n in enumerate(m_splits)]
+        else:
+            xq, *compute_weights = ctx.saved_tensors
+            g_chunks, x_chunks = torch.split(g, m_splits), torch.split(xq, m_splits)
+            dx = torch.cat([gc @ w for gc, w in zip(g_chunks, compute_weights)])
+            dws = [gc.t() @ xc if gc.numel() else None for gc, xc in zip(g_chunks, x_chunks)]
         plan: WgradPlan = meta["plan"]
-        wgrads = []
-        for gc, xc, weight in zip(g_chunks, x_chunks, ctx.weights):
-            # An expert that got no tokens has a zero wgrad: skip its GEMM.
-            dw = None if gc.numel() == 0 else gc.reshape(-1, gc.shape[-1]).t() @ xc.reshape(-1, xc.shape[-1])
-            if not plan.fused:
-                wgrads.append(torch.zeros_like(weight) if dw is None else dw.to(weight.dtype))
-                continue
-            main_grad = weight.main_grad  # AttributeError here when missing, as in TE
-            if dw is None:
-                if not plan.accumulate:
-                    main_grad.zero_()
-            elif plan.accumulate:
-                main_grad.add_(dw)
-            else:
-                main_grad.copy_(dw)
-            if hasattr(weight, "grad_added_to_main_grad"):
-                weight.grad_added_to_main_grad = True
-                # TE hands autograd a dummy (an uninitialised buffer unless zero_out_wgrad);
-                # zeros keep runs deterministic and are ignored by the DDP hook either way.
-                wgrads.append(weight.new_zeros(()).expand_as(weight))
-            else:
-                wgrads.append(None)
+        wgrads = [_apply_wgrad(plan, weight, dw) for weight, dw in zip(ctx.weights, dws)]
         listener = meta["listener"]
         if listener is not None:
             listener(plan.decision)
         return (None, dx, *wgrads)
+
+
+def _apply_wgrad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor | None):
+    """Write one weight's gradient as TE does; return what autograd receives.
+
+    `dw` None means a zero gradient (an expert that got no tokens).
+    """
+    if not plan.fused:
+        return torch.zeros_like(weight) if dw is None else dw.to(weight.dtype)
+    main_grad = weight.main_grad  # AttributeError here when missing, as in TE
+    if plan.accumulate:
+        if dw is not None:
+            main_grad.add_(dw)
+    elif dw is None:
+        main_grad.zero_()
+    else:
+        main_grad.copy_(dw)
+    if hasattr(weight, "grad_added_to_main_grad"):
+        weight.grad_added_to_main_grad = True
+        # TE hands autograd a dummy (an uninitialised buffer unless zero_out_wgrad); zeros
+        # keep runs deterministic and are ignored by the DDP hook either way.
+        return weight.new_zeros(()).expand_as(weight)
+    return None
 
 
 class _ReferenceModule(torch.nn.Module):
