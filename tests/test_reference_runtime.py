@@ -162,18 +162,28 @@ def test_fused_wgrad_without_main_grad_fails_in_backward_not_forward():
         out.sum().backward()
 
 
-def test_grouped_linear_writes_each_expert_main_grad_and_reads_first_weight_overwrite():
+def test_grouped_linear_writes_each_expert_main_grad_slice_and_overwrites_as_one():
     torch.manual_seed(0)
     grouped = reference.GroupedLinear(3, 8, 4, fuse_wgrad_accumulation=True)
-    weights = [getattr(grouped, f"weight{i}") for i in range(3)]
-    for weight in weights:
-        weight.main_grad = torch.full_like(weight, 5.0)
-    weights[0].overwrite_main_grad = True  # the first weight decides for the module
+    grouped.weight.main_grad = torch.full_like(grouped.weight, 5.0)
+    grouped.weight.overwrite_main_grad = True  # one setting for the module, as TE reads weight0
     x = torch.randn(6, 8)
     grouped(x, [2, 0, 4], is_first_microbatch=False).sum().backward()
-    assert torch.allclose(weights[0].main_grad, torch.ones(2, 4).t() @ x[:2])
-    assert torch.count_nonzero(weights[1].main_grad) == 0  # no tokens, overwritten with zeros
-    assert torch.allclose(weights[2].main_grad, torch.ones(4, 4).t() @ x[2:])
+    main_grad = grouped.weight.main_grad
+    assert torch.allclose(main_grad[0], torch.ones(2, 4).t() @ x[:2])
+    assert torch.count_nonzero(main_grad[1]) == 0  # no tokens, overwritten with zeros
+    assert torch.allclose(main_grad[2], torch.ones(4, 4).t() @ x[2:])
+
+
+def test_grouped_linear_quantizes_each_expert_on_its_own_scale():
+    grouped = reference.GroupedLinear(2, 32, 16)
+    with torch.no_grad():
+        grouped.weight[1].mul_(1000.0)
+    with reference.autocast(FP8):
+        grouped(torch.randn(4, 32), [2, 2], is_first_microbatch=True)
+    cached = grouped._fp8_workspaces["weight"][1]
+    for i in range(2):
+        assert torch.equal(cached[i], fake_quantize(grouped.weight[i].detach(), FP8, "weight"))
 
 
 # --- fake quantization ----------------------------------------------------------------------------
@@ -214,9 +224,8 @@ def test_grouped_linear_equals_one_linear_per_expert(monkeypatch, batched):
         monkeypatch.setattr(reference, "_BATCHED_GROUPED_LIMIT", 0)
     torch.manual_seed(0)
     grouped = reference.GroupedLinear(3, 8, 4, fuse_wgrad_accumulation=True)
-    weights = [getattr(grouped, f"weight{i}") for i in range(3)]
-    for weight in weights:
-        weight.main_grad = torch.zeros_like(weight)
+    grouped.weight.main_grad = torch.zeros_like(grouped.weight)
+    weights = list(grouped.weight)
     x = torch.randn(7, 8, requires_grad=True)
     splits = [3, 0, 4]
     out = grouped(x, splits, is_first_microbatch=None)
@@ -224,7 +233,7 @@ def test_grouped_linear_equals_one_linear_per_expert(monkeypatch, batched):
     chunks = torch.split(x.detach(), splits)
     expected = torch.cat([c @ w.detach().t() for c, w in zip(chunks, weights)])
     assert torch.allclose(out, expected, atol=1e-6)
-    for chunk, weight, piece in zip(chunks, weights, torch.split(expected, splits)):
-        assert torch.allclose(weight.main_grad, (2 * piece).t() @ chunk, atol=1e-5)
+    for i, (chunk, piece) in enumerate(zip(chunks, torch.split(expected, splits))):
+        assert torch.allclose(grouped.weight.main_grad[i], (2 * piece).t() @ chunk, atol=1e-5)
     dx = torch.cat([(2 * p) @ w.detach() for p, w in zip(torch.split(expected, splits), weights)])
     assert torch.allclose(x.grad, dx, atol=1e-5)

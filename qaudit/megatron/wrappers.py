@@ -17,7 +17,7 @@ from qaudit.megatron.session import Session
 from qaudit.plan import resolve_execution
 from qaudit.precision import Quant
 from qaudit.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
-from qaudit.runtime.reference import WgradPlan, gemms
+from qaudit.runtime.reference import WgradPlan, gemm
 
 # Stands for "some quantized ambient context" when only a yes/no is known.
 _ANY_QUANT = Quant("fp8", "any")
@@ -142,9 +142,9 @@ class ColumnParallelLinear(AuditedModule):
         weight = self.weight if weight is None else weight
 
         def run() -> torch.Tensor:
-            meta = {"quant": None, "m_splits": [x.shape[0]], "compute_weights": [weight.detach()],
+            meta = {"quant": None, "m_splits": None, "compute_weight": weight.detach(),
                     "plan": WgradPlan(self.fuse, True), "listener": self.wgrad_listener}
-            return gemms(x, [weight], meta)
+            return gemm(x, weight, meta)
 
         return self._record(None, None, run)
 

@@ -79,72 +79,68 @@ def _row_experts(m_splits: Sequence[int], device: torch.device) -> torch.Tensor:
 
 
 class GemmsFunction(torch.autograd.Function):
-    """One or more GEMMs over row splits of `x`, with TE's wgrad handling."""
+    """y = x W^T for a 2-D weight, or one GEMM per expert over row splits of `x` for a
+    stacked 3-D weight [experts, out, in]; with TE's wgrad handling in backward."""
 
     @staticmethod
-    def forward(ctx, meta: dict, x: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, meta: dict, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         quant: Quant | None = meta["quant"]
         xq = fake_quantize(x, quant, "input") if quant else x
-        compute_weights = meta["compute_weights"]
-        ctx.meta, ctx.weights = meta, weights
-        ctx.batched = len(weights) > 1 and xq.shape[0] * compute_weights[0].numel() <= _BATCHED_GROUPED_LIMIT
-        if len(weights) == 1:
-            out = xq @ compute_weights[0].t()
-            ctx.save_for_backward(xq, compute_weights[0])
-        elif ctx.batched:
-            stacked = torch.stack(compute_weights)
-            rows = stacked[_row_experts(meta["m_splits"], x.device)]
-            out = torch.bmm(rows, xq.unsqueeze(-1)).squeeze(-1)
-            ctx.save_for_backward(xq, stacked)
-        else:
-            chunks = torch.split(xq, meta["m_splits"])
-            out = torch.cat([chunk @ w.t() for chunk, w in zip(chunks, compute_weights)])
-            ctx.save_for_backward(xq, *compute_weights)
-        return out
+        compute = meta["compute_weight"]
+        ctx.meta, ctx.weight = meta, weight
+        ctx.save_for_backward(xq, compute)
+        if compute.dim() == 2:
+            return xq @ compute.t()
+        m_splits = meta["m_splits"]
+        if xq.shape[0] * compute[0].numel() <= _BATCHED_GROUPED_LIMIT:
+            rows = compute[_row_experts(m_splits, x.device)]
+            return torch.bmm(rows, xq.unsqueeze(-1)).squeeze(-1)
+        chunks = torch.split(xq, m_splits)
+        return torch.cat([chunk @ w.t() for chunk, w in zip(chunks, compute)])
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         meta = ctx.meta
         quant: Quant | None = meta["quant"]
         g = fake_quantize(grad_out, quant, "grad") if quant else grad_out
-        m_splits = meta["m_splits"]
-        if len(ctx.weights) == 1:
-            xq, weight = ctx.saved_tensors
-            dx = g @ weight
-            dws = [g.reshape(-1, g.shape[-1]).t() @ xq.reshape(-1, xq.shape[-1])]
-        elif ctx.batched:
-            xq, stacked = ctx.saved_tensors
-            experts = _row_experts(m_splits, g.device)
-            dx = torch.bmm(g.unsqueeze(1), stacked[experts]).squeeze(1)
-            per_row = g.unsqueeze(2) * xq.unsqueeze(1)
-            dw_all = torch.zeros_like(stacked).index_add_(0, experts, per_row)
-            dws = [dw_all[i] if n else None for i, n in enumerate(m_splits)]
+        xq, compute = ctx.saved_tensors
+        if compute.dim() == 2:
+            dx = g @ compute
+            dw = g.reshape(-1, g.shape[-1]).t() @ xq.reshape(-1, xq.shape[-1])
         else:
-            xq, *compute_weights = ctx.saved_tensors
-            g_chunks, x_chunks = torch.split(g, m_splits), torch.split(xq, m_splits)
-            dx = torch.cat([gc @ w for gc, w in zip(g_chunks, compute_weights)])
-            dws = [gc.t() @ xc if gc.numel() else None for gc, xc in zip(g_chunks, x_chunks)]
+            dx, dw = _grouped_grads(g, xq, compute, meta["m_splits"])
         plan: WgradPlan = meta["plan"]
-        wgrads = [_apply_wgrad(plan, weight, dw) for weight, dw in zip(ctx.weights, dws)]
+        wgrad = _apply_wgrad(plan, ctx.weight, dw)
         listener = meta["listener"]
         if listener is not None:
             listener(plan.decision)
-        return (None, dx, *wgrads)
+        return None, dx, wgrad
 
 
-def _apply_wgrad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor | None):
-    """Write one weight's gradient as TE does; return what autograd receives.
+def _grouped_grads(g: torch.Tensor, xq: torch.Tensor, compute: torch.Tensor,
+                   m_splits: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """dgrad and the stacked wgrad of a grouped GEMM; experts without tokens get zeros."""
+    if xq.shape[0] * compute[0].numel() <= _BATCHED_GROUPED_LIMIT:
+        experts = _row_experts(m_splits, g.device)
+        dx = torch.bmm(g.unsqueeze(1), compute[experts]).squeeze(1)
+        dw = torch.zeros_like(compute).index_add_(0, experts, g.unsqueeze(2) * xq.unsqueeze(1))
+        return dx, dw
+    g_chunks, x_chunks = torch.split(g, m_splits), torch.split(xq, m_splits)
+    dx = torch.cat([gc @ w for gc, w in zip(g_chunks, compute)])
+    dw = torch.zeros_like(compute)
+    for i, (gc, xc) in enumerate(zip(g_chunks, x_chunks)):
+        if gc.numel():
+            dw[i] = gc.t() @ xc
+    return dx, dw
 
-    `dw` None means a zero gradient (an expert that got no tokens).
-    """
+
+def _apply_wgrad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor):
+    """Write the weight gradient as TE does; return what autograd receives."""
     if not plan.fused:
-        return torch.zeros_like(weight) if dw is None else dw.to(weight.dtype)
+        return dw.to(weight.dtype)
     main_grad = weight.main_grad  # AttributeError here when missing, as in TE
     if plan.accumulate:
-        if dw is not None:
-            main_grad.add_(dw)
-    elif dw is None:
-        main_grad.zero_()
+        main_grad.add_(dw)
     else:
         main_grad.copy_(dw)
     if hasattr(weight, "grad_added_to_main_grad"):
@@ -156,7 +152,7 @@ def _apply_wgrad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor | None)
 
 
 class _ReferenceModule(torch.nn.Module):
-    """Common state of the TE-like modules: fusion switch, workspaces, listener."""
+    """Common state of the TE-like modules: fusion switch, workspace, listener."""
 
     def __init__(self, fuse_wgrad_accumulation: bool) -> None:
         super().__init__()
@@ -166,65 +162,47 @@ class _ReferenceModule(torch.nn.Module):
         self.wgrad_listener: WgradListener | None = None
         self.workspace_events: list[str] = []
 
-    def _compute_weights(self, keys: Sequence[str], weights: Sequence[torch.Tensor],
-                         quant: Quant | None, is_first_microbatch: bool | None) -> list[torch.Tensor]:
-        """The weights as the GEMMs see them (semantics.md §1.1)."""
+    def _compute_weight(self, weight: torch.Tensor, quant: Quant | None,
+                        is_first_microbatch: bool | None) -> torch.Tensor:
+        """The weight as the GEMM sees it (semantics.md §1.1)."""
         if quant is None:
-            return [w.detach() for w in weights]
+            return weight.detach()
         if is_first_microbatch is None:
-            return _quantize_all(weights, quant)
-        stale = [i for i, key in enumerate(keys)
-                 if is_first_microbatch or not self._workspace_fits(key, weights[i], quant)]
-        if stale:
-            if any(keys[i] in self._fp8_workspaces and not self._workspace_fits(keys[i], weights[i], quant)
-                   for i in stale):
-                event = "rebuild"
-            elif all(keys[i] in self._fp8_workspaces for i in stale):
-                event = "refresh"
-            else:
-                event = "create"
-            fresh = _quantize_all([weights[i] for i in stale], quant)
-            for i, tensor in zip(stale, fresh):
-                self._fp8_workspaces[keys[i]] = (quant, tensor)
-            self.workspace_events.append(event)
-        else:
+            return fake_quantize(weight.detach(), quant, "weight")
+        cached = self._fp8_workspaces.get("weight")
+        fits = cached is not None and cached[0] == quant and cached[1].shape == weight.shape
+        if fits and not is_first_microbatch:
             self.workspace_events.append("reuse")
-        return [self._fp8_workspaces[key][1] for key in keys]
+            return cached[1]
+        self.workspace_events.append("refresh" if fits else "rebuild" if cached else "create")
+        tensor = fake_quantize(weight.detach(), quant, "weight")
+        self._fp8_workspaces["weight"] = (quant, tensor)
+        return tensor
 
-    def _workspace_fits(self, key: str, weight: torch.Tensor, quant: Quant) -> bool:
-        cached = self._fp8_workspaces.get(key)
-        return cached is not None and cached[0] == quant and cached[1].shape == weight.shape
-
-    def _gemms(self, x: torch.Tensor, weights: Sequence[torch.nn.Parameter], keys: Sequence[str],
-               m_splits: Sequence[int], is_first_microbatch: bool | None) -> torch.Tensor:
+    def _gemm(self, x: torch.Tensor, m_splits: Sequence[int] | None,
+              is_first_microbatch: bool | None) -> torch.Tensor:
         quant = current_quant()
-        overwrite = bool(getattr(weights[0], "overwrite_main_grad", False))
+        weight = self.weight
         meta = {
             "quant": quant,
-            "m_splits": list(m_splits),
-            "compute_weights": self._compute_weights(keys, weights, quant, is_first_microbatch),
-            "plan": wgrad_plan(self.fuse_wgrad_accumulation, is_first_microbatch, overwrite),
+            "m_splits": list(m_splits) if m_splits is not None else None,
+            "compute_weight": self._compute_weight(weight, quant, is_first_microbatch),
+            # Read at forward, as TE does since PR #2549.
+            "plan": wgrad_plan(self.fuse_wgrad_accumulation, is_first_microbatch,
+                               bool(getattr(weight, "overwrite_main_grad", False))),
             "listener": self.wgrad_listener,
         }
-        return gemms(x, weights, meta)
+        return gemm(x, weight, meta)
 
 
-def _quantize_all(weights: Sequence[torch.Tensor], quant: Quant) -> list[torch.Tensor]:
-    """Fake-quantize each weight on its own scale; equal shapes go through in one pass."""
-    if len(weights) == 1:
-        return [fake_quantize(weights[0].detach(), quant, "weight")]
-    stacked = torch.stack([w.detach() for w in weights])
-    return list(fake_quantize(stacked, quant, "weight").unbind(0))
+def gemm(x: torch.Tensor, weight: torch.Tensor, meta: dict) -> torch.Tensor:
+    """Run `GemmsFunction`; `meta` holds quant, m_splits, compute_weight, plan, listener."""
+    return GemmsFunction.apply(meta, x, weight)
 
 
-def gemms(x: torch.Tensor, weights: Sequence[torch.Tensor], meta: dict) -> torch.Tensor:
-    """Run `GemmsFunction`; `meta` holds quant, m_splits, compute_weights, plan, listener."""
-    return GemmsFunction.apply(meta, x, *weights)
-
-
-def _init_weight(out_features: int, in_features: int) -> torch.nn.Parameter:
-    weight = torch.empty(out_features, in_features)
-    torch.nn.init.normal_(weight, std=in_features ** -0.5)
+def _init_weight(*shape: int) -> torch.nn.Parameter:
+    weight = torch.empty(*shape)
+    torch.nn.init.normal_(weight, std=shape[-1] ** -0.5)
     return torch.nn.Parameter(weight)
 
 
@@ -238,7 +216,7 @@ class Linear(_ReferenceModule):
         self.weight = _init_weight(out_features, in_features)
 
     def forward(self, x: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
-        return self._gemms(x, [self.weight], ["weight"], [x.shape[0]], is_first_microbatch)
+        return self._gemm(x, None, is_first_microbatch)
 
 
 class LayerNormLinear(Linear):
@@ -256,21 +234,25 @@ class LayerNormLinear(Linear):
 
 
 class GroupedLinear(_ReferenceModule):
-    """TE `GroupedLinear`: one GEMM per expert over row splits, weights `weight0..N-1`."""
+    """TE `GroupedLinear`: one GEMM per expert over row splits of the input.
+
+    TE keeps one parameter per expert (`weight0..N-1`); here they are the slices of one
+    stacked parameter [experts, out, in]. Every per-expert rule still holds (each slice has
+    its own quantization scale, its own slice of `main_grad`; `overwrite_main_grad` is one
+    setting, as TE reads it from the first weight), and a 256-expert model has one parameter
+    per module instead of 256, which keeps the audit fast.
+    """
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, *,
                  fuse_wgrad_accumulation: bool = False) -> None:
         super().__init__(fuse_wgrad_accumulation)
         self.num_gemms = num_gemms
         self.in_features, self.out_features = in_features, out_features
-        for i in range(num_gemms):
-            self.register_parameter(f"weight{i}", _init_weight(out_features, in_features))
+        self.weight = _init_weight(num_gemms, out_features, in_features)
 
     def forward(self, x: torch.Tensor, m_splits: Sequence[int],
                 is_first_microbatch: bool | None = None) -> torch.Tensor:
-        weights = [getattr(self, f"weight{i}") for i in range(self.num_gemms)]
-        keys = [f"weight{i}" for i in range(self.num_gemms)]
-        return self._gemms(x, weights, keys, m_splits, is_first_microbatch)
+        return self._gemm(x, m_splits, is_first_microbatch)
 
 
 class ReferenceRuntime:
