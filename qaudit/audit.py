@@ -18,11 +18,12 @@ from qaudit.megatron.gpt import GPTModel, build_model
 from qaudit.megatron.policies import COMPARED_POLICIES, DEFAULT_POLICY, POLICIES
 from qaudit.megatron.session import Session
 from qaudit.probe import CallRecord
-from qaudit.recipe import QuantRecipe, load_recipe
+from qaudit.recipe import QuantRecipe, import_custom_factory, load_recipe
 from qaudit.report import (Finding, ModuleRow, Report, accumulation_of, calls_per_microbatch,
                            precision_of, tracked_of)
 from qaudit.rules import AuditFacts, judge
 from qaudit.runtime import select_runtime
+from qaudit.sizes import FULL_SIZE_BYTES_PER_PARAM, available_memory_bytes, model_params
 from qaudit.sources import load_source_config
 from qaudit.train import run_evaluation, run_training
 
@@ -35,12 +36,17 @@ class AuditOptions:
     steps: int = 2
     microbatches: int = 2
     runtime: str = "auto"
+    device: str | None = None  # cpu|cuda; None: the runtime's own (te: cuda, reference: cpu)
     seed: int = 0
     evaluation: bool = False  # forward-only, modules in eval mode
     verify: bool = False  # measure main_grad against an unfused float64 reference
     compare_policies: bool = False
+    full_size: bool = False  # real widths instead of shrunk ones
     # --set NAME=VALUE: values a launch script or MODEL_ARGS file takes from outside.
     variables: tuple[tuple[str, str], ...] = ()
+    # --allow-import: import and call the recipes' custom_recipe_factory (Python code the
+    # input names). Off: nothing is imported and such modules are reported "not executed".
+    allow_import: bool = False
 
 
 @dataclass
@@ -91,8 +97,12 @@ def audit_files(config_path: str, recipe_path: str | None = None,
 def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
               policy_name: str | None = None) -> AuditRun:
     policy = POLICIES[policy_name or options.policy]
-    session = Session(select_runtime(options.runtime), policy)
-    model = build_model(config, model_dims(config), session, recipe, seed=options.seed)
+    if options.full_size:
+        check_full_size_fits(config)
+    session = Session(select_runtime(options.runtime, options.device), policy)
+    model = build_model(config, model_dims(config, options.full_size), session, recipe,
+                        seed=options.seed)
+    factories = _import_custom_factories(model, recipe, options) if options.allow_import else {}
     snapshot: dict[str, torch.Tensor] = {}
 
     def keep_last_step_weights(step: int) -> None:
@@ -114,7 +124,7 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
         own = records.get(module.fqn, [])
         quant_config = getattr(module, "quant_config", None)
         rows.append(ModuleRow(
-            name=module.fqn, type=module.upstream_class, precision=precision_of(own),
+            name=module.fqn, type=module.upstream_class, precision=_not_executed(precision_of(own)),
             recipe=quant_config.name if quant_config else "-",
             tracked=tracked_of(own, module.is_te, rearmed), accumulation=accumulation_of(own),
             calls_per_microbatch=calls_per_microbatch(own, grad=True),
@@ -126,8 +136,45 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
         te_modules=[m.fqn for m in modules if m.is_te],
         bindings={m.fqn: (m.matcher, m.quant_config) for m in modules
                   if getattr(m, "quant_config", None) is not None},
-        evaluation=options.evaluation)
+        evaluation=options.evaluation, allow_import=options.allow_import,
+        custom_factories=factories)
     return AuditRun(model, session, dict(records), rows, facts, snapshot or None)
+
+
+def _import_custom_factories(model: GPTModel, recipe: QuantRecipe | None,
+                             options: AuditOptions) -> dict[str, str]:
+    """--allow-import only: import and call each custom_recipe_factory a bound module selects;
+    factory path -> what it gave. The reference runtime cannot execute what it returns."""
+    found: dict[str, str] = {}
+    for module in model.audited_modules():
+        quant_config = getattr(module, "quant_config", None)
+        if quant_config is None:
+            continue
+        selected = quant_config.recipe_for(not options.evaluation)
+        factory = selected.custom_recipe_factory
+        if selected.quant is not None and selected.quant.recipe == "custom" and factory \
+                and factory not in found:
+            found[factory] = import_custom_factory(factory, recipe.file if recipe else None,
+                                                   selected.line)
+    return found
+
+
+def _not_executed(precision: str) -> str:
+    """A custom recipe runs as a per-tensor stand-in: say so in the row (rule QA020)."""
+    return precision.replace("/custom", "/custom (not executed)")
+
+
+def check_full_size_fits(config: ModelConfig) -> None:
+    """Refuse a real-width build that cannot fit in memory, before allocating anything."""
+    params = model_params(config)
+    needed = params * FULL_SIZE_BYTES_PER_PARAM
+    available = available_memory_bytes()
+    if available is not None and needed > 0.8 * available:
+        raise InputError(f"--full-size needs about {needed / 2**30:.1f} GiB ({params / 1e9:.2f} B "
+                         f"parameters x {FULL_SIZE_BYTES_PER_PARAM} bytes) and "
+                         f"{available / 2**30:.1f} GiB is available; audit the shrunk model "
+                         "(the default: same layers, experts and MTP depths) or use a bigger "
+                         "machine", file=config.file)
 
 
 def _sorted_findings(findings: list[Finding], rows: list[ModuleRow]) -> list[Finding]:
@@ -166,7 +213,7 @@ def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
     # The shrunk model's tensors are tiny: extra intra-op threads only add synchronisation,
     # and spin badly when the machine is busy.
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads if options.full_size else 1)
     try:
         return _audit_config(config, recipe, options)
     finally:

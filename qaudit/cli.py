@@ -27,7 +27,10 @@ class Policy(str, Enum):
 
 class OutputFormat(str, Enum):
     table = "table"
+    markdown = "markdown"
     json = "json"
+    sarif = "sarif"
+    github = "github"
 
 
 class FailOn(str, Enum):
@@ -42,6 +45,11 @@ class RuntimeChoice(str, Enum):
     te = "te"
 
 
+class DeviceChoice(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
 def _fail(message: str, code: int) -> None:
     typer.echo(message, err=True)
     raise typer.Exit(code)
@@ -49,11 +57,17 @@ def _fail(message: str, code: int) -> None:
 
 @app.command()
 def check(
-    config: str = typer.Argument(..., help="Model config YAML (TransformerConfig field names, "
-                                 "flat or under 'model:'). gradient_accumulation_fusion defaults "
-                                 "to true, as on Megatron's training command line."),
+    config: str = typer.Argument(..., help="Model config: a YAML of TransformerConfig field names "
+                                 "(flat or under 'model:'), a Megatron launch script (.sh) or a "
+                                 "functional-test YAML with MODEL_ARGS. gradient_accumulation_fusion "
+                                 "defaults to true, as on Megatron's training command line."),
     recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Quant recipe YAML "
                                          "(configs + matchers); wins over the config's quant_recipe."),
+    set_values: Optional[list[str]] = typer.Option(None, "--set", metavar="NAME=VALUE",
+                                                   help="A value a launch script or MODEL_ARGS "
+                                                   "file takes from outside (environment "
+                                                   "variable, ${VAR} placeholder, script argument "
+                                                   "number); repeatable."),
     policy: Policy = typer.Option(Policy.config, help="Megatron's is_first_microbatch tracking: "
                                   "legacy (before PR #6965), config (PR #6965, upstream), "
                                   "module (PR #7353), pre-5642 (before PR #5642: a quant_recipe "
@@ -62,8 +76,12 @@ def check(
     microbatches: int = typer.Option(2, min=1, max=64, help="Microbatches per step."),
     output_format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
                                                help="Output format."),
-    runtime: RuntimeChoice = typer.Option(RuntimeChoice.auto, help="auto, reference (pure "
-                                          "PyTorch, CPU) or te (Transformer Engine, CUDA)."),
+    runtime: RuntimeChoice = typer.Option(RuntimeChoice.auto, help="auto (te when Transformer "
+                                          "Engine and CUDA work, else reference), reference "
+                                          "(pure PyTorch) or te (Transformer Engine, CUDA)."),
+    device: Optional[DeviceChoice] = typer.Option(None, help="Where the reference runtime runs: "
+                                                  "cpu (default) or cuda. te always runs on "
+                                                  "cuda; with auto, cpu means reference."),
     seed: int = typer.Option(0, help="Seed for weights and data."),
     fail_on: FailOn = typer.Option(FailOn.error, help="Lowest finding severity that makes the "
                                    "exit code 1."),
@@ -73,26 +91,56 @@ def check(
                                 "an unfused float64 autograd reference (grad_rel_error)."),
     compare_policies: bool = typer.Option(False, "--compare-policies", help="Also audit under "
                                           "legacy, config and module; verdicts per module group."),
+    full_size: bool = typer.Option(False, "--full-size", help="Build real widths (refused when "
+                                   "they cannot fit in memory). Default: shrunk widths, every "
+                                   "count kept."),
     suggest_fixes: bool = typer.Option(False, "--suggest", help="Re-audit the known remedies for "
                                        "each error and print those that pass, with their cost."),
+    output: Optional[list[str]] = typer.Option(None, "--output", "-o", metavar="FORMAT=PATH",
+                                               help="Also write FORMAT (table, markdown, json, "
+                                               "sarif, github, svg) to PATH; repeatable."),
+    expand: bool = typer.Option(False, "--expand", help="Table/Markdown: one row per module "
+                                "(identical layers not collapsed), one finding per module."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Report only findings not "
+                                           "in this baseline file; the exit code counts only "
+                                           "the new ones."),
+    write_baseline: Optional[str] = typer.Option(None, "--write-baseline", help="Record "
+                                                 "today's findings in this baseline file."),
+    allow_import: bool = typer.Option(False, "--allow-import", help="Import and call the "
+                                      "recipe's custom_recipe_factory (runs Python code the "
+                                      "recipe names). Off by default: nothing is imported."),
 ) -> None:
     """Build the model, run a few steps, and report every TE module. Exit 1 on errors."""
     from qaudit.audit import AuditOptions, audit_files
-    from qaudit.render.json import render_json
-    from qaudit.render.table import render_table
+    from qaudit.baseline import prepare_baseline
+    from qaudit.render import emit, parse_outputs
+    from qaudit.sources import parse_assignments
+
+    try:
+        outputs = parse_outputs(output)
+        baselines = prepare_baseline(baseline, write_baseline)
+        variables = parse_assignments(set_values)
+    except InputError as exc:
+        _fail(f"error: {exc}", EXIT_USAGE)
 
     options = AuditOptions(policy=policy.value, steps=steps, microbatches=microbatches,
-                           runtime=runtime.value, seed=seed, evaluation=evaluation, verify=verify,
-                           compare_policies=compare_policies)
+                           runtime=runtime.value, device=device.value if device else None,
+                           seed=seed, evaluation=evaluation, verify=verify,
+                           compare_policies=compare_policies, variables=variables,
+                           allow_import=allow_import, full_size=full_size)
     try:
         report = audit_files(config, recipe, options, suggest=suggest_fixes)
     except InputError as exc:
         _fail(f"error: {exc}", EXIT_USAGE)
     except EnvironmentProblem as exc:
         _fail(f"error: {exc}", EXIT_INTERNAL)
+    report = baselines.apply(report)
     code = report.exit_code(fail_on.value)
-    render = render_json if output_format is OutputFormat.json else render_table
-    sys.stdout.write(render(report, code))
+    try:
+        emit(report, code, output_format.value, outputs, expand=expand,
+             extra_files=baselines.files(report))
+    except InputError as exc:
+        _fail(f"error: {exc}", EXIT_USAGE)
     raise typer.Exit(code)
 
 
@@ -117,6 +165,72 @@ def explain(rule_id: str = typer.Argument(..., help="A rule ID, e.g. QA001.")) -
     if found is None:
         _fail(f"error: unknown rule {rule_id!r}; `qaudit rules` lists them", EXIT_USAGE)
     typer.echo(f"{found.id} ({found.severity}): {found.title}\n\n{found.doc}")
+
+
+class DiffFormat(str, Enum):
+    table = "table"
+    markdown = "markdown"
+    json = "json"
+
+
+@app.command()
+def diff(
+    base: str = typer.Argument(..., help="Base config YAML, or a JSON report from "
+                               "`check --format json`."),
+    head: str = typer.Argument(..., help="Head config YAML, or a JSON report."),
+    recipe_base: Optional[str] = typer.Option(None, "--recipe-base", help="Quant recipe for BASE."),
+    recipe_head: Optional[str] = typer.Option(None, "--recipe-head", help="Quant recipe for HEAD."),
+    policy: Policy = typer.Option(Policy.config, help="Tracking policy for both audits."),
+    steps: int = typer.Option(2, min=1, max=100, help="Training steps to run."),
+    microbatches: int = typer.Option(2, min=1, max=64, help="Microbatches per step."),
+    runtime: RuntimeChoice = typer.Option(RuntimeChoice.auto, help="auto, reference or te."),
+    seed: int = typer.Option(0, help="Seed for weights and data."),
+    output_format: DiffFormat = typer.Option(DiffFormat.table, "--format", "-f",
+                                             help="Output format."),
+    output: Optional[list[str]] = typer.Option(None, "--output", "-o", metavar="FORMAT=PATH",
+                                               help="Also write FORMAT (table, markdown, json) "
+                                               "to PATH; repeatable."),
+    expand: bool = typer.Option(False, "--expand", help="One row per module."),
+    fail_on: FailOn = typer.Option(FailOn.error, help="Lowest severity of a NEW finding that "
+                                   "makes the exit code 1."),
+) -> None:
+    """Audit BASE and HEAD; show only what changes. Exit 1 when HEAD introduces an error."""
+    from qaudit.audit import AuditOptions
+    from qaudit.diff import diff_reports, emit_diff, load_side
+    from qaudit.render import parse_outputs
+
+    options = AuditOptions(policy=policy.value, steps=steps, microbatches=microbatches,
+                           runtime=runtime.value, seed=seed)
+    try:
+        outputs = parse_outputs(output, tuple(f.value for f in DiffFormat))
+        result = diff_reports(load_side(base, recipe_base, options),
+                              load_side(head, recipe_head, options))
+    except InputError as exc:
+        _fail(f"error: {exc}", EXIT_USAGE)
+    except EnvironmentProblem as exc:
+        _fail(f"error: {exc}", EXIT_INTERNAL)
+    code = result.exit_code(fail_on.value)
+    try:
+        emit_diff(result, code, output_format.value, outputs, expand=expand)
+    except InputError as exc:
+        _fail(f"error: {exc}", EXIT_USAGE)
+    raise typer.Exit(code)
+
+
+class EnvFormat(str, Enum):
+    table = "table"
+    json = "json"
+
+
+@app.command()
+def env(output_format: EnvFormat = typer.Option(EnvFormat.table, "--format", "-f",
+                                                help="Output format.")) -> None:
+    """Versions (Python, torch, TE, CUDA), the GPU, the recipes it can run, what auto picks."""
+    from qaudit.envreport import collect, render_env_json, render_env_text
+
+    report = collect()
+    render = render_env_json if output_format is EnvFormat.json else render_env_text
+    sys.stdout.write(render(report))
 
 
 @app.command()

@@ -50,6 +50,13 @@ class ModelConfig:
     share_embeddings_and_output_weights: bool = True
     vocab_size: int | None = None
     quant_recipe: str | None = None
+    # Multi-latent attention (MLATransformerConfig; defaults as upstream).
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = 512
+    kv_lora_rank: int = 512
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
@@ -242,6 +249,12 @@ _CHECKS: dict[str, Check] = {
     "share_embeddings_and_output_weights": _bool,
     "vocab_size": _optional(_POSITIVE),
     "quant_recipe": _string,
+    "multi_latent_attention": _bool,
+    "q_lora_rank": _optional(_POSITIVE),
+    "kv_lora_rank": _POSITIVE,
+    "qk_head_dim": _POSITIVE,
+    "qk_pos_emb_head_dim": _POSITIVE,
+    "v_head_dim": _POSITIVE,
     "recompute_granularity": _choice("full", "selective", nullable=True),
     "recompute_method": _choice("uniform", "block", nullable=True),
     "recompute_num_layers": _optional(_POSITIVE),
@@ -354,3 +367,32 @@ def _validate(config: ModelConfig) -> None:
     if config.quant_recipe is not None and config.use_kitchen:
         fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
              "recipe together with --te-precision-config-file)")
+    _check_build_size(config, fail)
+
+
+# What one audit may build: every layer and every expert is a real module (only widths
+# shrink), so these bound its time and memory. The biggest real models fit with room to spare:
+# Llama-3.1-405B has 126 layers, Qwen3-235B 94 x 128 experts, DeepSeek-V3 61 layers with 256
+# experts in 58 MoE layers + MTP (~15,000 experts built), Kimi-K2 ~23,000.
+MAX_BUILT_LAYERS = 1024     # decoder layers + MTP depths, each run on every microbatch
+MAX_BUILT_EXPERTS = 32_768  # routed experts summed over every MoE layer built (decoder + MTP)
+
+
+def _check_build_size(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    layers = config.num_layers + config.mtp_depths
+    if layers > MAX_BUILT_LAYERS:
+        key = "mtp_num_layers" if config.mtp_depths > config.num_layers else "num_layers"
+        fail(key, f"the audit would build and run {layers} transformer layers (num_layers "
+             f"{config.num_layers} + mtp_num_layers {config.mtp_depths}); the limit is "
+             f"{MAX_BUILT_LAYERS}. Audit a copy with fewer layers: verdicts repeat per layer, "
+             "so keep the first/last BF16 layers, the MoE pattern and the MTP setting")
+    if config.is_moe:
+        pattern = config.moe_layer_pattern()
+        mtp_layers = (1 if config.mtp_use_repeated_layer else config.mtp_depths) if pattern[-1] else 0
+        moe_layers = sum(pattern) + (mtp_layers if config.mtp_depths else 0)
+        experts = config.num_moe_experts * moe_layers
+        if experts > MAX_BUILT_EXPERTS:
+            fail("num_moe_experts", f"the audit would build {experts} routed experts "
+                 f"({config.num_moe_experts} in each of {moe_layers} MoE layers); the limit is "
+                 f"{MAX_BUILT_EXPERTS}. Audit a copy with fewer experts or layers: verdicts "
+                 "repeat per expert, so a few experts (at least moe_router_topk) show the same")

@@ -18,8 +18,24 @@ class InputError(Exception):
         where = ""
         if self.file:
             where = self.file + (f":{self.line}" if self.line else "") + ": "
-        key = f"key '{self.key}': " if self.key else ""
-        return f"{where}{key}{self.message}"
+        key = f"key '{_clip(self.key, 80)}': " if self.key else ""
+        return _printable(f"{where}{key}{_clip(self.message, 1000)}")
+
+
+def _clip(text: str, limit: int) -> str:
+    """At most `limit` characters, keeping both ends (a message's reason is at its end)."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"
+
+
+def _printable(text: str) -> str:
+    """One line, safe for a terminal: newlines, escape sequences, bidi overrides escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
 
 
 class EnvironmentProblem(Exception):

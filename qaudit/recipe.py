@@ -256,3 +256,45 @@ def _check_recipe_value(file: str, key: str, value: Any, line: int | None) -> An
         hint = did_you_mean(value, choices) if isinstance(value, str) else ""
         raise fail(f"expected one of {', '.join(choices)}; got {short_repr(value)}{hint}")
     return value
+
+
+# The roles TE asks a custom recipe's quantizer factory about, for a linear layer.
+CUSTOM_FACTORY_ROLES = ("linear_input", "linear_weight", "linear_output", "linear_grad_output",
+                        "linear_grad_input")
+
+
+def import_custom_factory(path: str, file: str | None, line: int | None) -> str:
+    """Import `custom_recipe_factory` ('pkg.module.factory') as Megatron does and call it as TE
+    does, once per linear-layer role; return what it gave, for the report.
+
+    This runs code that the input names: the audit calls it only with --allow-import. Any
+    failure is an input error (exit 2) naming the recipe.
+    """
+    import importlib
+
+    def fail(message: str) -> InputError:
+        return InputError(f"custom_recipe_factory {short_repr(path)}: {message}", file=file,
+                          line=line, key="custom_recipe_factory")
+
+    module_path, _, attr = path.rpartition(".")
+    if not module_path or not all(part.isidentifier() for part in path.split(".")):
+        raise fail("expected an import path like 'pkg.module.factory'")
+    try:
+        module = importlib.import_module(module_path)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever the module does
+        raise fail(f"cannot import '{module_path}': {type(exc).__name__}: {exc}") from None
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise fail(f"module '{module_path}' has no attribute '{attr}'")
+    if not callable(factory):
+        raise fail(f"'{attr}' is a {type(factory).__name__}, not a callable")
+    produced = []
+    for role in CUSTOM_FACTORY_ROLES:
+        try:
+            quantizer = factory(role)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001
+            raise fail(f"raised {type(exc).__name__} for role '{role}': {exc}") from None
+        name = "None" if quantizer is None else type(quantizer).__name__
+        if name not in produced:
+            produced.append(name)
+    return f"imported and called; it returns {', '.join(produced)} for linear layers"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 
 from qaudit.config import ModelConfig
 from qaudit.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
+from qaudit.sizes import layer_params
 from qaudit.report import Report
 from qaudit.yamlio import YamlMap
 
@@ -25,20 +26,6 @@ class Suggestion:
     cost: str
     yaml: str
     remaining_errors: int
-
-
-def layer_params(config: ModelConfig, moe: bool) -> int:
-    """Weights of one transformer layer at real widths (linears and router)."""
-    h = config.hidden_size
-    heads, groups, kv = config.num_attention_heads, config.num_query_groups, config.kv_channels
-    glu = 2 if config.gated_linear_unit else 1
-    attention = h * (heads + 2 * groups) * kv + heads * kv * h
-    if not moe:
-        return attention + h * config.ffn_hidden_size * glu + config.ffn_hidden_size * h
-    expert = h * config.moe_ffn_hidden_size * glu + config.moe_ffn_hidden_size * h
-    shared = config.moe_shared_expert_intermediate_size or 0
-    return (attention + config.num_moe_experts * expert + h * config.num_moe_experts
-            + h * shared * glu + shared * h)
 
 
 def _gib(params: int) -> str:

@@ -61,7 +61,8 @@ def make_batches(model: GPTModel, count: int, seed: int) -> list[tuple[torch.Ten
     shape = (dims.micro_batch_size, dims.seq_length + 1)
     batches = []
     for _ in range(count):
-        tokens = torch.randint(0, dims.vocab, shape, generator=generator)
+        tokens = torch.randint(0, dims.vocab, shape, generator=generator)  # same on every device
+        tokens = tokens.to(model.embedding.word_embeddings.weight.device)
         batches.append((tokens[:, :-1], tokens[:, 1:]))
     return batches
 

@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import torch
 
-from qaudit.megatron.dims import model_dims
 from qaudit.megatron.gpt import build_model
 from qaudit.megatron.policies import TrackingPolicy
 from qaudit.megatron.session import Session
@@ -35,18 +34,37 @@ class _NeverTracked(TrackingPolicy):
 
 
 def reference_gradients(run, options) -> dict[str, torch.Tensor]:
-    """Per parameter name: the last step's gradient by plain float64 autograd."""
+    """Per parameter name: the last step's gradient by plain float64 autograd.
+
+    Always the reference runtime (TE has no float64 GEMMs), on the audited run's device."""
     config = replace(run.facts.config, gradient_accumulation_fusion=False, use_megatron_fsdp=False)
-    session = Session(select_runtime(options.runtime), _NeverTracked())
-    model = build_model(config, model_dims(config), session, run.facts.recipe, seed=options.seed)
+    session = Session(select_runtime("reference", run.session.runtime.device), _NeverTracked())
+    model = build_model(config, run.model.dims, session, run.facts.recipe, seed=options.seed)
     model.double()
     with torch.no_grad():
         for name, param in model.named_parameters():
-            param.copy_(run.snapshot[name])
+            param.copy_(_snapshot_value(run.snapshot, name, param))
     model.train()
     for tokens, labels in make_batches(model, options.microbatches, options.seed):
         model(tokens, labels).backward()
     return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+
+def _snapshot_value(snapshot: dict[str, torch.Tensor], name: str, param: torch.Tensor) -> torch.Tensor:
+    """The audited weight for a reference parameter: TE's GroupedLinear keeps one weight per
+    expert (`weight0..N-1`) where the reference stacks them in one `weight`."""
+    if name in snapshot:
+        return snapshot[name]
+    return torch.stack([snapshot[f"{name}{i}"] for i in range(param.shape[0])])
+
+
+def _reference_gradient(reference: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """The reference gradient of an audited parameter (`…weight3`: slice 3 of `…weight`)."""
+    if name in reference:
+        return reference[name]
+    stem, digits = name.rstrip("0123456789"), name[len(name.rstrip("0123456789")):]
+    stacked = reference.get(stem) if digits and stem.endswith("weight") else None
+    return None if stacked is None else stacked[int(digits)]
 
 
 def relative_error(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
@@ -58,8 +76,9 @@ def relative_error(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> 
 def _stale_forward_error(module, quant) -> float:
     """How far the cached quantized weight's output is from a freshly quantized one."""
     inner = module.inner
+    param = next(inner.parameters())
     x = torch.randn(8, inner.in_features, generator=torch.Generator().manual_seed(0),
-                    dtype=next(inner.parameters()).dtype)
+                    dtype=param.dtype).to(param.device)
     runtime = module.session.runtime
     with torch.no_grad(), runtime.autocast(quant):
         listener, inner.wgrad_listener = inner.wgrad_listener, None
@@ -77,11 +96,11 @@ def verify_run(run, options, findings: list[Finding]) -> tuple[list[ModuleRow], 
     modules = {m.fqn: m for m in run.model.audited_modules()}
     for fqn, module in modules.items():
         weights = module.weights()
-        if not weights or any(names[id(w)] not in reference for w in weights):
+        expected = [_reference_gradient(reference, names[id(w)]) for w in weights]
+        if not weights or any(e is None for e in expected):
             errors[fqn] = None
             continue
-        errors[fqn] = relative_error([step_gradient(w) for w in weights],
-                                     [reference[names[id(w)]] for w in weights])
+        errors[fqn] = relative_error([step_gradient(w) for w in weights], expected)
     rows = [replace(row, grad_rel_error=_rounded(errors.get(row.name))) for row in run.rows]
     checked = []
     for finding in findings:

@@ -14,11 +14,18 @@ import yaml
 
 from qaudit.errors import InputError
 
-MAX_FILE_BYTES = 4 * 1024 * 1024
+# Real configs, recipes and launch scripts are a few KB; PyYAML's pure-Python scanner needs
+# seconds per MB, so this also bounds the time any input can take to parse.
+MAX_FILE_BYTES = 1024 * 1024
 # Aliases are legal YAML, but a few dozen nested ones expand to gigabytes ("billion laughs").
 MAX_ALIASES = 100
 # What aliases may expand to: more values than any real config has, far fewer than a bomb.
 MAX_EXPANDED_VALUES = 1_000_000
+# Integers longer than this are refused while loading: no config needs them, and Python cannot
+# even print one past 4300 digits (YAML 1.1's base-60 `1:2:3...` reaches that from a short line).
+MAX_INT_DIGITS = 100
+# Levels of nested collections (flow plus block); real configs use a handful.
+MAX_NESTING = 64
 
 
 class YamlMap(dict):
@@ -41,8 +48,30 @@ class YamlList(list):
         self.line = line
 
 
-class _LineLoader(yaml.SafeLoader):
-    """PyYAML's safe loader (no Python tags), building YamlMap/YamlList."""
+class NestedTooDeeply(yaml.scanner.ScannerError):
+    """More than MAX_NESTING levels of YAML collections."""
+
+
+class BoundedSafeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (no Python tags) that stops past MAX_NESTING levels of nesting.
+
+    PyYAML's pure-Python scanner is quadratic in flow nesting (`[[[[...`: 5,000 levels take
+    seconds, a 4 MB file hours) and its composer recursive: real configs nest a few levels.
+    """
+
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:  # noqa: N803 - PyYAML hook
+        if self.flow_level >= MAX_NESTING:
+            raise NestedTooDeeply(None, None, "nested too deeply", self.get_mark())
+        super().fetch_flow_collection_start(TokenClass)
+
+    def add_indent(self, column: int) -> bool:  # PyYAML hook: a block collection opens
+        if len(self.indents) >= MAX_NESTING:
+            raise NestedTooDeeply(None, None, "nested too deeply", self.get_mark())
+        return super().add_indent(column)
+
+
+class _LineLoader(BoundedSafeLoader):
+    """The bounded safe loader, building YamlMap/YamlList."""
 
     def __init__(self, stream: str, file: str) -> None:
         super().__init__(stream)
@@ -57,6 +86,28 @@ class _LineLoader(yaml.SafeLoader):
                 raise InputError(f"more than {MAX_ALIASES} YAML aliases; refusing to expand them",
                                  file=self.file, line=mark.line + 1)
         return super().compose_node(parent, index)
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:  # noqa: D401 - PyYAML hook
+        """PyYAML's constructors raise plain ValueError/TypeError for some bad scalars (an
+        integer past Python's 4300-digit limit, `!!timestamp 2001-13-45`, a merge key on a
+        scalar); report them at the node's line instead."""
+        try:
+            value = super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError) as exc:
+            message = str(exc).split("\n", 1)[0]
+            if "integer string conversion" in message:
+                message = "integer with more than 4300 digits"
+            elif isinstance(exc, TypeError):  # e.g. `!!map [1, 2]`
+                kind = {"MappingNode": "mapping", "SequenceNode": "list"}.get(
+                    type(node).__name__, "scalar")
+                message = f"tag {node.tag.replace('tag:yaml.org,2002:', '!!')} does not fit a {kind}"
+            raise InputError(f"invalid YAML value: {message}", file=self.file,
+                             line=node.start_mark.line + 1) from None
+        if isinstance(value, int) and not isinstance(value, bool) and \
+                value.bit_length() > MAX_INT_DIGITS * 3.33:
+            raise InputError(f"integer with more than {MAX_INT_DIGITS} digits", file=self.file,
+                             line=node.start_mark.line + 1)
+        return value
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> YamlMap:
@@ -84,15 +135,25 @@ _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _con
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
 
 
+def value_loader(file: str) -> BoundedSafeLoader:
+    """A loader for constructing single nodes as `load_yaml` does: bad scalars (huge
+    integers, impossible timestamps) raise InputError at the node's line in `file`."""
+    return _LineLoader("", file)
+
+
 def read_text(path: Path, display: str) -> str:
     """Read a small UTF-8 text file, turning every failure into an InputError."""
-    if not path.exists():
-        raise InputError("file not found", file=display)
-    if path.is_dir():
-        raise InputError("is a directory, expected a YAML file", file=display)
-    if not path.is_file():
-        # Devices and pipes report no size and may never end.
-        raise InputError("not a regular file", file=display)
+    try:
+        if not path.exists():
+            raise InputError("file not found", file=display)
+        if path.is_dir():
+            raise InputError("is a directory, expected a YAML file", file=display)
+        if not path.is_file():
+            # Devices and pipes report no size and may never end.
+            raise InputError("not a regular file", file=display)
+    except (OSError, ValueError) as exc:  # name too long, NUL in the name, no permission
+        raise InputError(f"cannot open file: {getattr(exc, 'strerror', None) or exc}",
+                         file=display) from None
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
@@ -114,8 +175,9 @@ def load_yaml(path: Path, display: str | None = None) -> Any:
     text = read_text(path, display)
     if "\x00" in text:
         raise InputError("binary data (NUL byte), expected YAML text", file=display)
-    loader = _LineLoader(text, display)
+    loader = None
     try:
+        loader = _LineLoader(text, display)  # checks every character: may raise ReaderError
         node = loader.get_single_node()
         if node is None:
             raise InputError("empty file, expected a YAML mapping", file=display)
@@ -125,17 +187,26 @@ def load_yaml(path: Path, display: str | None = None) -> Any:
             raise InputError(f"aliases expand this document to {expanded} values; more than "
                              f"{MAX_EXPANDED_VALUES} is refused", file=display)
         return document
+    except NestedTooDeeply as exc:
+        raise InputError(f"YAML nested too deeply (more than {MAX_NESTING} levels)", file=display,
+                         line=exc.problem_mark.line + 1) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         problem = exc.problem or exc.context or "invalid YAML"
         raise InputError(f"invalid YAML: {problem}", file=display, line=line) from None
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        raise InputError(f"invalid YAML: unacceptable character #x{exc.character:04x}: "
+                         f"{exc.reason}", file=display, line=line) from None
     except yaml.YAMLError as exc:
-        raise InputError(f"invalid YAML: {exc}", file=display) from None
+        raise InputError(f"invalid YAML: {str(exc).splitlines()[0] if str(exc) else 'error'}",
+                         file=display) from None
     except RecursionError:
         raise InputError("YAML nested too deeply", file=display) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _expanded_size(value: Any, memo: dict[int, int]) -> int:

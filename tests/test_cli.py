@@ -35,18 +35,23 @@ def test_deepseek_repeated_mtp_example_fails_with_qa001():
     report = json.loads(result.stdout)
     failing = {m["name"] for m in report["modules"] if m["verdict"] == "QA001"}
     mtp = {m["name"] for m in report["modules"] if m["name"].startswith("mtp.")}
-    assert failing == mtp and len(mtp) == 7
+    assert failing == mtp and len(mtp) == 10  # eh_proj, 5 MLA projections, 4 expert linears
+    assert "mtp.layers.0.mtp_model_layer.self_attention.linear_kv_down_proj" in mtp
     assert all(m["calls_per_microbatch"] == 2 for m in report["modules"] if m["name"] in mtp)
     assert len([m for m in report["modules"] if m["name"].endswith(".mlp.experts.linear_fc1")]) == 59
     assert report["findings"][0]["line"] == 19
+    # the golden every other format of this example is rendered from (tests/test_formats.py)
+    assert result.stdout == (GOLDEN / "deepseek-v3-mtp-fp8.json").read_text()
 
 
 def test_deepseek_one_layer_per_depth_passes(monkeypatch, capsys):
     code, out, _ = run_in_process(monkeypatch, capsys, "check",
                                   "configs/deepseek-v3-mtp-fp8-per-depth.yaml")
     assert code == 0
-    assert "mtp.layers.1.mtp_model_layer.mlp.experts.linear_fc2" in out
+    # identical MTP depths collapse into one row per module kind
+    assert "mtp.layers.[0-1].mtp_model_layer.mlp.experts.linear_fc2" in out
     assert out.rstrip().endswith("0 error(s), 0 warning(s)   exit 0")
+    assert out == (GOLDEN / "deepseek-v3-mtp-fp8-per-depth.txt").read_text()
 
 
 @pytest.mark.parametrize("config", ["gpt-mtp-fp8-mtp-bf16", "gpt-small-bf16"])

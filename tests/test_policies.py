@@ -85,9 +85,11 @@ def test_flag_passed_by_each_policy(fields, quantized, legacy, cfg_policy, modul
 @pytest.mark.parametrize("fields, rearmed", [({}, False), ({"fp8": "e4m3"}, True),
                                              ({"fp4": "e2m1"}, True), ({"use_kitchen": True}, True),
                                              ({"quant_recipe": "r.yaml"}, True)])
-def test_all_policies_rearm_with_the_config_predicate(fields, rearmed):
-    for policy in POLICIES.values():
-        assert policy.rearms(config(**fields)) is rearmed
+def test_all_upstream_policies_rearm_with_the_config_predicate(fields, rearmed):
+    for name in ("legacy", "config", "module"):
+        assert POLICIES[name].rearms(config(**fields)) is rearmed
+    # Before PR #5642 a quant_recipe alone did not re-arm (issue #5641).
+    assert POLICIES["pre-5642"].rearms(config(**fields)) is (rearmed and "quant_recipe" not in fields)
 
 
 def test_disarmed_module_passes_false():

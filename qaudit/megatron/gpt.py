@@ -155,4 +155,6 @@ def build_model(config: ModelConfig, dims: Dims, session: Session,
     torch.manual_seed(seed)
     model = GPTModel(config, dims, session)
     model.finish_init(recipe)
-    return model
+    # Built on CPU (same seeded weights on every device), then moved to the runtime's device;
+    # TE modules are created on CUDA already.
+    return model.to(getattr(session.runtime, "device", "cpu"))

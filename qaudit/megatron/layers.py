@@ -68,6 +68,41 @@ class SelfAttention(torch.nn.Module):
         return self.linear_proj(ctx)
 
 
+class MLASelfAttention(torch.nn.Module):
+    """Multi-latent attention (DeepSeek-V3) with Megatron's TE module names."""
+
+    def __init__(self, b: Builder) -> None:
+        super().__init__()
+        d = b.dims
+        self.dims = d
+        q_width = d.heads * (d.qk_head_dim + d.qk_pos_emb_head_dim)
+        # The separate input norm: MLA's first projections are not fused with a LayerNorm.
+        self.input_layernorm = torch.nn.LayerNorm(d.hidden)
+        if d.q_lora_rank:
+            self.linear_q_down_proj = b.linear(w.TELinear, d.hidden, d.q_lora_rank)
+            self.linear_q_up_proj = b.layernorm_linear(d.q_lora_rank, q_width)
+        else:
+            self.linear_q_proj = b.linear(w.TEColumnParallelLinear, d.hidden, q_width)
+        self.linear_kv_down_proj = b.linear(w.TELinear, d.hidden, d.kv_lora_rank + d.qk_pos_emb_head_dim)
+        self.linear_kv_up_proj = b.layernorm_linear(d.kv_lora_rank, d.heads * (d.qk_head_dim + d.v_head_dim))
+        self.linear_proj = b.linear(w.TERowParallelLinear, d.heads * d.v_head_dim, d.hidden)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        d = self.dims
+        s, batch, _ = h.shape
+        x = self.input_layernorm(h)
+        q = (self.linear_q_up_proj(self.linear_q_down_proj(x)) if d.q_lora_rank
+             else self.linear_q_proj(x))
+        q = q.reshape(s, batch, d.heads, d.qk_head_dim + d.qk_pos_emb_head_dim)
+        latent, k_pos = self.linear_kv_down_proj(x).split([d.kv_lora_rank, d.qk_pos_emb_head_dim], -1)
+        kv = self.linear_kv_up_proj(latent).reshape(s, batch, d.heads, d.qk_head_dim + d.v_head_dim)
+        k_nope, v = kv.split([d.qk_head_dim, d.v_head_dim], dim=-1)
+        k = torch.cat([k_nope, k_pos.unsqueeze(2).expand(s, batch, d.heads, d.qk_pos_emb_head_dim)], -1)
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
+        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.linear_proj(ctx.permute(2, 0, 1, 3).reshape(s, batch, d.heads * d.v_head_dim))
+
+
 class MLP(torch.nn.Module):
     """Dense MLP: fc1 fused with the pre-MLP LayerNorm, as in Megatron's TE spec."""
 
@@ -141,7 +176,7 @@ class MoELayer(torch.nn.Module):
         shape = h.shape
         flat = h.reshape(-1, shape[-1])
         probs, experts = torch.topk(torch.softmax(self.router(flat), dim=-1), self.topk, dim=-1)
-        token_ids = torch.arange(flat.shape[0]).repeat_interleave(self.topk)
+        token_ids = torch.arange(flat.shape[0], device=flat.device).repeat_interleave(self.topk)
         order = torch.argsort(experts.reshape(-1), stable=True)
         token_ids = token_ids[order]
         m_splits = torch.bincount(experts.reshape(-1), minlength=self.num_experts).tolist()
@@ -160,7 +195,7 @@ class TransformerLayer(torch.nn.Module):
         super().__init__()
         self.runtime = b.session.runtime
         self.recompute_mlp = b.config.selective_recompute("moe" if moe else "mlp")
-        self.self_attention = SelfAttention(b)
+        self.self_attention = MLASelfAttention(b) if b.config.multi_latent_attention else SelfAttention(b)
         if moe:
             # MoE layers keep a separate pre-MLP norm; dense ones fuse it into linear_fc1.
             self.pre_mlp_layernorm = torch.nn.LayerNorm(b.dims.hidden)

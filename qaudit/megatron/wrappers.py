@@ -93,6 +93,10 @@ class TEWrapper(AuditedModule):
         return out
 
 
+class TELinear(TEWrapper):
+    upstream_class = "TELinear"
+
+
 class TEColumnParallelLinear(TEWrapper):
     upstream_class = "TEColumnParallelLinear"
 

@@ -1,51 +1,246 @@
-"""Terminal table: header, one row per module, findings, summary."""
+"""Terminal table: header, modules (consecutive identical layers collapsed), findings, summary.
+
+Fits `width` columns (80 unless the terminal is wider): when a module's row does not fit on one
+line, its name and type go on one line and its behaviour on the next. Colour (ANSI) only when
+asked for (`color=True`: a TTY without NO_COLOR, decided by the caller).
+"""
 
 from __future__ import annotations
 
+import re
 import textwrap
+from typing import Callable
 
-from tabulate import tabulate
-
+from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_names,
+                                  format_error, group_findings, group_rows, location,
+                                  short_type, summary_line, suppressed_findings)
 from qaudit.report import Report
 
-HEADERS = ("module", "type", "precision", "recipe", "tracked", "accumulation", "calls/mb", "verdict")
+DEFAULT_WIDTH = 80
+GAP = "  "
+INDENT = "  "
+MIN_RECIPE = 8
+MAX_TEXT_WIDTH = 100  # findings' prose wraps here even on wide terminals
+
+_RESET = "\033[0m"
+_STYLES = {"bad": "\033[1;31m", "ok": "\033[32m", "warning": "\033[33m", "info": "\033[36m",
+           "dim": "\033[2m", "bold": "\033[1m"}
 
 
-def _location(file: str | None, line: int | None) -> str:
-    if not file:
-        return ""
-    return f"{file}:{line}" if line else file
+def _painter(color: bool) -> Callable[[str, str], str]:
+    def paint(text: str, style: str) -> str:
+        if not color or not text or style not in _STYLES:
+            return text
+        return f"{_STYLES[style]}{text}{_RESET}"
+    return paint
 
 
-def summary_line(report: Report, exit_code: int) -> str:
-    counts = report.counts()
-    parts = [f"{counts.get('error', 0)} error(s)", f"{counts.get('warning', 0)} warning(s)"]
-    if counts.get("info"):
-        parts.append(f"{counts['info']} info")
-    return ", ".join(parts) + f"   exit {exit_code}"
+def _verdict_style(verdict: str) -> str:
+    return "ok" if verdict == "ok" else "bad"
 
 
-def render_table(report: Report, exit_code: int) -> str:
+def _severity_style(severity: str) -> str:
+    return {"error": "bad", "warning": "warning"}.get(severity, "info")
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:max(1, limit - 1)] + "~"
+
+
+def _header(report: Report, width: int) -> list[str]:
     lines = [f"runtime: {report.runtime}   policy: {report.policy}   "
-             f"steps: {report.steps} x {report.microbatches} microbatches",
-             f"config: {report.config}" + (f"   recipe: {report.recipe}" if report.recipe else "")]
-    rows = []
-    for row in report.modules:
-        calls = str(row.calls_per_microbatch)
-        if row.nograd_calls_per_microbatch:
-            calls += f" (+{row.nograd_calls_per_microbatch} no-grad)"
-        rows.append((row.name, row.type, row.precision, row.recipe, row.tracked, row.accumulation,
-                     calls, row.verdict))
-    lines.append(tabulate(rows, headers=HEADERS, tablefmt="simple", disable_numparse=True))
+             f"steps: {report.steps} x {report.microbatches} microbatches"]
+    config = f"config: {report.config}"
+    recipe = f"recipe: {report.recipe}" if report.recipe else ""
+    if recipe and len(config) + 3 + len(recipe) <= width:
+        lines.append(f"{config}   {recipe}")
+    else:
+        lines.append(config)
+        if recipe:
+            lines.append(recipe)
+    return lines
+
+
+def _pad(cells: list[str], widths: list[int], right: set[int] = frozenset()) -> list[str]:
+    return [cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(cells, widths))]
+
+
+def _join(cells: list[str], styled: list[str] | None = None) -> str:
+    return GAP.join(styled or cells).rstrip()
+
+
+def _styled(cell: str, style: str, paint) -> str:
+    """Colour a padded cell's text, not its padding."""
+    text = cell.rstrip()
+    return paint(text, style) + cell[len(text):]
+
+
+def split_name(name: str, width: int, indent: str = "    ") -> list[str]:
+    """A module name too long for `width`, broken after dots; continuation lines indented."""
+    if len(name) <= width:
+        return [name]
+    lines, current = [], ""
+    for part in re.findall(r"[^.]+\.?", name):
+        limit = width - (len(indent) if lines else 0)
+        if current and len(current) + len(part) > limit:
+            lines.append(current)
+            current = ""
+        current += part
+    lines.append(current)
+    return [lines[0]] + [indent + line for line in lines[1:]]
+
+
+def _module_lines(groups: list[RowGroup], width: int, paint) -> list[str]:
+    if not groups:
+        return ["(no TE or linear modules)"]
+    name_col = [g.name for g in groups]
+    count_col = [str(g.count) for g in groups]
+    type_col = [short_type(g.row.type) for g in groups]
+    behaviour = [[g.row.precision, g.row.recipe, g.row.tracked, g.row.accumulation,
+                  calls_text(g.row), g.row.verdict] for g in groups]
+    errors = [g.grad_rel_error() for g in groups]
+    show_error = any(e is not None for e in errors)
+    head_behaviour = ["precision", "recipe", "tracked", "accumulation", "calls", "verdict"]
+
+    def widths_of(columns: list[list[str]], heads: list[str]) -> list[int]:
+        return [max([len(h)] + [len(c) for c in col]) for col, h in zip(columns, heads)]
+
+    # One line per module when everything fits.
+    heads = ["module", "n", "type"] + head_behaviour + (["grad err"] if show_error else [])
+    columns = [name_col, count_col, type_col] + [list(c) for c in zip(*behaviour)] \
+        + ([[format_error(e) for e in errors]] if show_error else [])
+    widths = widths_of(columns, heads)
+    if sum(widths) + len(GAP) * (len(widths) - 1) <= width:
+        right = {1}
+        lines = [_join(_pad(heads, widths, right)), "-" * (sum(widths) + len(GAP) * (len(widths) - 1))]
+        for r in range(len(groups)):
+            cells = _pad([col[r] for col in columns], widths, right)
+            styled = list(cells)
+            styled[8] = _styled(cells[8], _verdict_style(groups[r].row.verdict), paint)
+            lines.append(_join(cells, styled))
+        return lines
+
+    # Two lines per module: `name  type  n`, then the behaviour, indented.
+    behaviour_columns = [list(c) for c in zip(*behaviour)]
+    b_widths = widths_of(behaviour_columns, head_behaviour)
+    spare = width - len(INDENT) - sum(b_widths) - len(GAP) * (len(b_widths) - 1)
+    if spare < 0:  # shorten the recipe names (the only free-form column) to fit
+        b_widths[1] = max(MIN_RECIPE, b_widths[1] + spare)
+        behaviour_columns[1] = [_truncate(c, b_widths[1]) for c in behaviour_columns[1]]
+    t_width = max([len("type")] + [len(t) for t in type_col])
+    n_width = max([len("n")] + [len(c) for c in count_col])
+    name_width = max([len("module")] + [len(n) for n in name_col])
+    name_width = min(name_width, width - len(GAP) * 2 - t_width - n_width)
+    rule_width = min(width, max(name_width + len(GAP) * 2 + t_width + n_width,
+                                len(INDENT) + sum(b_widths) + len(GAP) * (len(b_widths) - 1)))
+    lines = [_join(_pad(["module", "type", "n"], [name_width, t_width, n_width], {2})),
+             INDENT + _join(_pad(head_behaviour, b_widths)),
+             "-" * rule_width]
+    for r, group in enumerate(groups):
+        *head, last = split_name(group.name, name_width)
+        lines.extend(head)
+        first = _pad([last, type_col[r], count_col[r]], [name_width, t_width, n_width], {2})
+        first_line = _join(first)
+        if errors[r] is not None:
+            first_line += f"{GAP}grad err {format_error(errors[r])}"
+        lines.append(first_line)
+        cells = _pad([col[r] for col in behaviour_columns], b_widths)
+        styled = list(cells)
+        styled[5] = _styled(cells[5], _verdict_style(group.row.verdict), paint)
+        lines.append(INDENT + _join(cells, styled))
+    return lines
+
+
+def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(text, width=width, initial_indent=first, subsequent_indent=rest,
+                         break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
+
+
+def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
+    paint = paint or _painter(False)
+    f = group.first
+    lead = f"{f.rule} {f.severity}  "
+    body = group.text
+    if len(group.modules) > 1:
+        body = f"{len(group.modules)} modules: {body}"
+    lines = _wrap(lead + body, width, "", " " * 6)
+    lines[0] = lines[0].replace(lead, f"{f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1)
+    if len(group.modules) > 1:
+        names = collapse_names(group.modules)
+        lines.append("      modules: " + names[0])
+        lines.extend("               " + name for name in names[1:])
+    where = location(f.file, f.line)
+    if where:
+        lines.append(f"      at {where}")
+    if f.fix:
+        lines.extend(_wrap(f"fix: {f.fix}", width, " " * 6, " " * 11))
+    evidence = getattr(f, "evidence", None)
+    if evidence:
+        lines.extend(_wrap(f"evidence: {evidence}", width, " " * 6, " " * 16))
+    return lines
+
+
+def _policy_lines(policies) -> list[str]:
+    """The verdict of each module group under each tracking policy (--compare-policies)."""
+    lines = ["", "verdict under each tracking policy:"]
+    if not isinstance(policies, dict):
+        return lines + [f"  {policies}"]
+    names: list[str] = []
+    for verdicts in policies.values():
+        for name in (verdicts if isinstance(verdicts, dict) else {}):
+            if name not in names:
+                names.append(name)
+    rows = [[str(group)] + [str(v.get(n, "-")) if isinstance(v, dict) else str(v) for n in names]
+            for group, v in policies.items()]
+    heads = ["module group"] + names
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads)]
+    lines.append(INDENT + _join(_pad(heads, widths)))
+    lines.extend(INDENT + _join(_pad(r, widths)) for r in rows)
+    return lines
+
+
+def _suggestion_lines(suggestions, width: int) -> list[str]:
+    """Remedies re-audited by --suggest: whether each passes, its cost and its YAML."""
+    lines = ["", "suggested remedies (each re-audited):"]
+    for item in suggestions if isinstance(suggestions, list) else [suggestions]:
+        if not isinstance(item, dict):
+            lines.extend(_wrap(f"- {item}", width, "  ", "    "))
+            continue
+        status = "passes" if item.get("passes") else (
+            f"{item.get('remaining_errors', '?')} error(s) remain")
+        lines.extend(_wrap(f"- {item.get('remedy', '?')} [{status}]", width, "  ", "    "))
+        if item.get("cost"):
+            lines.extend(_wrap(f"cost: {item['cost']}", width, "    ", "          "))
+        if item.get("yaml"):
+            lines.append("    yaml:")
+            lines.extend("      " + line for line in str(item["yaml"]).rstrip().splitlines())
+    return lines
+
+
+def render_table(report: Report, exit_code: int, *, width: int = DEFAULT_WIDTH,
+                 color: bool = False, expand: bool = False) -> str:
+    paint = _painter(color)
+    lines = _header(report, width)
+    lines.append("")
+    lines.extend(_module_lines(group_rows(report.modules, expand), width, paint))
+    policies = getattr(report, "policies", None)
+    if policies:
+        lines.extend(_policy_lines(policies))
     if report.findings:
         lines.append("")
-    for finding in report.findings:
-        lines.append(f"{finding.rule} {finding.severity}  {finding.message}")
-        location = _location(finding.file, finding.line)
-        if location:
-            lines.append(f"      at {location}")
-        if finding.fix:
-            lines.extend(textwrap.wrap(f"fix: {finding.fix}", width=100,
-                                       initial_indent="      ", subsequent_indent="           "))
-    lines.append(summary_line(report, exit_code))
+    text_width = min(width, MAX_TEXT_WIDTH)
+    for group in group_findings(report.findings, expand):
+        lines.extend(finding_lines(group, text_width, paint))
+    suggestions = getattr(report, "suggestions", None)
+    if suggestions:
+        lines.extend(_suggestion_lines(suggestions, text_width))
+    suppressed = suppressed_findings(report)
+    if suppressed:
+        lines.append("")
+        lines.append(f"{len(suppressed)} finding(s) suppressed (baseline or `qaudit: ignore`); "
+                     "--format json lists them")
+    code_style = "ok" if exit_code == 0 else "bad"
+    summary = summary_line(report, exit_code)
+    lines.append(summary[:summary.rindex("exit")] + paint(f"exit {exit_code}", code_style))
     return "\n".join(lines) + "\n"

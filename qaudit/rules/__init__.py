@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from qaudit.config import ModelConfig
@@ -27,6 +27,8 @@ class AuditFacts:
     te_modules: list[str]  # names of TE modules (the ones recipes can bind), model order
     bindings: dict[str, tuple[Matcher, QuantConfig]]  # module name -> its matcher and config
     evaluation: bool = False
+    allow_import: bool = False  # --allow-import: custom recipe factories were imported
+    custom_factories: dict[str, str] = field(default_factory=dict)  # factory -> what it gave
 
     @property
     def rows_by_name(self) -> dict[str, ModuleRow]:

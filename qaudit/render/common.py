@@ -1,0 +1,265 @@
+"""Helpers shared by the renderers: grouping rows and findings for display, short names, paths.
+
+Nothing here decides anything: it only groups, shortens and orders what the report says.
+Every helper tolerates report fields it does not know yet (read with getattr).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from qaudit.report import SEVERITIES, Finding, ModuleRow, Report
+
+# `decoder.layers.12.mlp.linear_fc1` -> prefix `decoder.layers`, index 12, rest `mlp.linear_fc1`.
+_LAYER = re.compile(r"^(?P<prefix>(?:.*\.)?layers)\.(?P<idx>\d+)\.(?P<rest>.+)$")
+# Fields that describe a module's behaviour; rows collapse only when all of them are equal.
+_VARYING = ("name", "grad_rel_error")
+
+
+def layer_parts(name: str) -> tuple[str, int, str] | None:
+    match = _LAYER.match(name)
+    if not match:
+        return None
+    return match["prefix"], int(match["idx"]), match["rest"]
+
+
+def _range(first: int, last: int) -> str:
+    return str(first) if first == last else f"[{first}-{last}]"
+
+
+def row_signature(row: ModuleRow) -> tuple:
+    data = asdict(row) if hasattr(row, "__dataclass_fields__") else dict(vars(row))
+    return tuple(sorted((k, repr(v)) for k, v in data.items() if k not in _VARYING))
+
+
+@dataclass
+class RowGroup:
+    """One display row: a module, or the same module of consecutive identical layers."""
+
+    name: str
+    row: ModuleRow  # the first member; every member has the same signature
+    members: list[ModuleRow] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.members)
+
+    def grad_rel_error(self) -> float | None:
+        """The largest relative gradient error among the members (--verify), else None."""
+        values = [v for v in (getattr(m, "grad_rel_error", None) for m in self.members)
+                  if isinstance(v, (int, float))]
+        return max(values) if values else None
+
+
+def group_rows(rows: list[Any], expand: bool = False,
+               signature: Callable[[Any], Any] = None) -> list[RowGroup]:
+    """Collapse runs of consecutive layers whose modules all have identical rows.
+
+    Layers are compared whole (every module of the layer), so a block reads
+    `decoder.layers.[3-60].…` for each of its modules and an odd layer splits the block.
+    Module order is kept. `expand` keeps one group per module.
+    """
+    signature = signature or row_signature
+    if expand:
+        return [RowGroup(row.name, row, [row]) for row in rows]
+    groups: list[RowGroup] = []
+    i = 0
+    while i < len(rows):
+        parts = layer_parts(rows[i].name)
+        if parts is None:
+            groups.append(RowGroup(rows[i].name, rows[i], [rows[i]]))
+            i += 1
+            continue
+        prefix = parts[0]
+        # The run of rows under the same `…layers` prefix, split into layers in order.
+        layers: list[tuple[int, list[tuple[str, ModuleRow]]]] = []
+        while i < len(rows):
+            parts = layer_parts(rows[i].name)
+            if parts is None or parts[0] != prefix:
+                break
+            _, idx, rest = parts
+            if not layers or layers[-1][0] != idx:
+                layers.append((idx, []))
+            layers[-1][1].append((rest, rows[i]))
+            i += 1
+        blocks: list[list[tuple[int, list[tuple[str, ModuleRow]]]]] = []
+        for idx, items in layers:
+            layer_signature = [(rest, signature(row)) for rest, row in items]
+            if blocks:
+                last_idx, last_items = blocks[-1][-1]
+                last_signature = [(rest, signature(row)) for rest, row in last_items]
+                if idx == last_idx + 1 and layer_signature == last_signature:
+                    blocks[-1].append((idx, items))
+                    continue
+            blocks.append([(idx, items)])
+        for block in blocks:
+            label = _range(block[0][0], block[-1][0])
+            for k, (rest, row) in enumerate(block[0][1]):
+                members = [items[k][1] for _, items in block]
+                groups.append(RowGroup(f"{prefix}.{label}.{rest}", row, members))
+    return groups
+
+
+def collapse_names(names: Iterable[str]) -> list[str]:
+    """`a.layers.3.x`, `a.layers.4.x` -> `a.layers.[3-4].x`; other names unchanged, order kept."""
+    out: list[str] = []
+    runs: dict[tuple[str, str], list[int]] = {}
+    order: list[Any] = []
+    for name in names:
+        parts = layer_parts(name)
+        if parts is None:
+            order.append(name)
+            continue
+        prefix, idx, rest = parts
+        key = (prefix, rest)
+        if key not in runs:
+            runs[key] = []
+            order.append(key)
+        runs[key].append(idx)
+    for item in order:
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        prefix, rest = item
+        indices = sorted(set(runs[item]))
+        start = prev = indices[0]
+        for idx in indices[1:] + [None]:
+            if idx is not None and idx == prev + 1:
+                prev = idx
+                continue
+            out.append(f"{prefix}.{_range(start, prev)}.{rest}")
+            if idx is not None:
+                start = prev = idx
+    return out
+
+
+@dataclass
+class FindingGroup:
+    """Findings that say the same thing about several modules (same rule, text, place, fix)."""
+
+    first: Finding
+    modules: list[str]
+    text: str  # the message without its leading `module: `
+
+    @property
+    def findings_count(self) -> int:
+        return max(1, len(self.modules))
+
+
+def _strip_module(finding: Finding) -> str:
+    if finding.module and finding.message.startswith(f"{finding.module}: "):
+        return finding.message[len(finding.module) + 2:]
+    return finding.message
+
+
+def group_findings(findings: list[Finding], expand: bool = False) -> list[FindingGroup]:
+    """Merge findings that differ only in their module; order of first appearance is kept."""
+    groups: list[FindingGroup] = []
+    index: dict[tuple, FindingGroup] = {}
+    for finding in findings:
+        text = _strip_module(finding)
+        if expand or not finding.module:
+            groups.append(FindingGroup(finding, [finding.module] if finding.module else [],
+                                       finding.message))
+            continue
+        key = (finding.rule, finding.severity, text, finding.file, finding.line, finding.fix,
+               getattr(finding, "evidence", None))
+        if key in index:
+            index[key].modules.append(finding.module)
+            continue
+        group = FindingGroup(finding, [finding.module], text)
+        index[key] = group
+        groups.append(group)
+    for group in groups:
+        if len(group.modules) == 1 and not expand:
+            group.text = group.first.message
+    return groups
+
+
+# --- names -----------------------------------------------------------------------------------
+
+_TYPE_WORDS = (("LayerNorm", "LN"), ("Column", "Col"), ("Grouped", "Grp"), ("Parallel", ""),
+               ("Linear", ""))
+
+
+def short_type(upstream_class: str) -> str:
+    """`TELayerNormColumnParallelLinear` -> `te.LNCol`, `ColumnParallelLinear` -> `mcore.Col`."""
+    if not upstream_class:
+        return "-"
+    te = upstream_class.startswith("TE")
+    name = upstream_class[2:] if te else upstream_class
+    for word, short in _TYPE_WORDS:
+        name = name.replace(word, short)
+    return ("te." if te else "mcore.") + (name or "Linear")
+
+
+def calls_text(row: ModuleRow) -> str:
+    calls = str(row.calls_per_microbatch)
+    nograd = getattr(row, "nograd_calls_per_microbatch", 0)
+    if nograd:
+        calls += f"+{nograd} no-grad"
+    return calls
+
+
+def location(file: str | None, line: int | None) -> str:
+    if not file:
+        return ""
+    return f"{file}:{line}" if line else file
+
+
+def format_error(value: Any) -> str:
+    """A relative error as `3.1e-01`; anything else as given."""
+    if isinstance(value, bool) or value is None:
+        return "-" if value is None else str(value)
+    if isinstance(value, (int, float)):
+        return f"{value:.1e}"
+    return str(value)
+
+
+# --- counts ----------------------------------------------------------------------------------
+
+def severity_counts(report: Report) -> dict[str, int]:
+    counts = report.counts()
+    return {severity: counts.get(severity, 0) for severity in SEVERITIES}
+
+
+def suppressed_findings(report: Report) -> list[Finding]:
+    return list(getattr(report, "suppressed", None) or [])
+
+
+def summary_line(report: Report, exit_code: int) -> str:
+    counts = severity_counts(report)
+    parts = [f"{counts['error']} error(s)", f"{counts['warning']} warning(s)"]
+    if counts["info"]:
+        parts.append(f"{counts['info']} info")
+    suppressed = suppressed_findings(report)
+    if suppressed:
+        parts.append(f"{len(suppressed)} suppressed")
+    return ", ".join(parts) + f"   exit {exit_code}"
+
+
+# --- paths -----------------------------------------------------------------------------------
+
+def _git_root(start: Path) -> Path | None:
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def repo_relative(path: str, cwd: str | os.PathLike | None = None) -> str:
+    """A path as CI and code review tools want it: relative to the git root containing the
+    current directory (else to the current directory), with `/` separators; never absolute.
+    A file outside that root is given relative to it with `..` parts."""
+    here = Path(cwd) if cwd is not None else Path.cwd()
+    absolute = Path(os.path.abspath(here / path))
+    root = _git_root(Path(os.path.abspath(here))) or Path(os.path.abspath(here))
+    try:
+        relative = os.path.relpath(absolute, root)
+    except ValueError:  # another drive (Windows): the name is all that is not absolute
+        relative = absolute.name
+    return Path(relative).as_posix()

@@ -1,0 +1,255 @@
+"""Megatron-LM training flags, classified for the audit.
+
+Three kinds, checked against `megatron/training/arguments.py` and
+`megatron/training/argument_utils.py::core_transformer_config_from_args` at the commit named in
+`upstream_flags`:
+
+- `MODELLED`: the flag sets a `TransformerConfig` field qaudit models (see `qaudit.config`);
+  `translate` turns it into that field. Flags whose effect is not a plain field copy (GQA,
+  SwiGLU's default FFN width, kitchen, recompute shortcuts) are handled there by name.
+- `UNMODELLED`: the flag can change which TE modules exist, how often they run, in which
+  precision, or how their gradients land, but the audit does not model it. Each becomes a
+  `SourceNote` (rule QA090 turns it into a warning); the audit goes on without it.
+- everything else Megatron's parser knows (data, logging, optimizer, checkpointing, learning
+  rate, parallel sizes that do not change per-module behaviour, ...): irrelevant to the audit,
+  accepted silently.
+
+A flag the upstream parser does not know also becomes a note: real scripts carry custom flags
+for their own entry points, so it is not an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from qaudit.config import MODELLED_FIELDS
+from qaudit.sources.listexpr import is_list_expression, parse_list_expression
+
+
+# --- value conversions (argv text -> field value); ValueError names what was expected ----
+
+def to_int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"expected an integer, got {text!r}") from None
+
+
+def to_str(text: str) -> str:
+    return text
+
+
+def to_layer_freq(text: str) -> int | list[int]:
+    """Upstream's `moe_freq_type`: an integer N (every N-th layer is MoE) or a list pattern."""
+    text = text.strip()
+    if is_list_expression(text):
+        return parse_list_expression(text)
+    return to_int(text)
+
+
+@dataclass(frozen=True)
+class Modelled:
+    field: str
+    convert: Callable[[str], Any] | None = None  # None: a switch storing `value`
+    value: Any = True
+    many: bool = False  # takes a list of values (argparse nargs '+')
+
+
+# Flag -> config field. Switch entries store `value`; the rest convert their one value.
+_MODELLED: dict[str, Modelled] = {
+    "--num-layers": Modelled("num_layers", to_int),
+    "--hidden-size": Modelled("hidden_size", to_int),
+    "--ffn-hidden-size": Modelled("ffn_hidden_size", to_int),
+    "--num-attention-heads": Modelled("num_attention_heads", to_int),
+    # Upstream copies --num-query-groups only with --group-query-attention (translate does it).
+    "--num-query-groups": Modelled("num_query_groups", to_int),
+    "--kv-channels": Modelled("kv_channels", to_int),
+    "--swiglu": Modelled("gated_linear_unit"),
+    "--quick-geglu": Modelled("gated_linear_unit"),  # gated as well, with quick GELU
+    "--num-experts": Modelled("num_moe_experts", to_int),
+    "--moe-ffn-hidden-size": Modelled("moe_ffn_hidden_size", to_int),
+    "--moe-shared-expert-intermediate-size": Modelled("moe_shared_expert_intermediate_size", to_int),
+    "--moe-layer-freq": Modelled("moe_layer_freq", to_layer_freq),
+    "--moe-grouped-gemm": Modelled("moe_grouped_gemm"),
+    "--moe-router-topk": Modelled("moe_router_topk", to_int),
+    "--mtp-num-layers": Modelled("mtp_num_layers", to_int),
+    "--mtp-use-repeated-layer": Modelled("mtp_use_repeated_layer"),
+    "--fp8-format": Modelled("fp8", to_str),
+    "--fp8-recipe": Modelled("fp8_recipe", to_str),
+    "--fp4-format": Modelled("fp4", to_str),
+    "--fp4-recipe": Modelled("fp4_recipe", to_str),
+    "--first-last-layers-bf16": Modelled("first_last_layers_bf16"),
+    "--num-layers-at-start-in-bf16": Modelled("num_layers_at_start_in_bf16", to_int),
+    "--num-layers-at-end-in-bf16": Modelled("num_layers_at_end_in_bf16", to_int),
+    "--fp8-output-proj": Modelled("fp8_output_proj"),
+    "--no-gradient-accumulation-fusion": Modelled("gradient_accumulation_fusion", value=False),
+    "--untie-embeddings-and-output-weights": Modelled("share_embeddings_and_output_weights",
+                                                      value=False),
+    "--te-precision-config-file": Modelled("quant_recipe", to_str),
+    "--vocab-size": Modelled("vocab_size", to_int),
+    "--padded-vocab-size": Modelled("vocab_size", to_int),  # the real embedding size: wins
+    # Kitchen: upstream sets use_kitchen from either option (payloads are not public).
+    "--kitchen-config-file": Modelled("use_kitchen"),
+    "--kitchen-recipe-number": Modelled("use_kitchen"),
+    # Not an upstream flag; accepted for scripts written against TransformerConfig.use_kitchen.
+    "--use-kitchen": Modelled("use_kitchen"),
+    "--recompute-granularity": Modelled("recompute_granularity", to_str),
+    "--recompute-method": Modelled("recompute_method", to_str),
+    "--recompute-num-layers": Modelled("recompute_num_layers", to_int),
+    "--recompute-modules": Modelled("recompute_modules", to_str, many=True),
+    # validate_args turns it into recompute_granularity = 'selective', whatever else was given.
+    "--recompute-activations": Modelled("recompute_granularity", value="selective"),
+    "--pipeline-model-parallel-size": Modelled("pipeline_model_parallel_size", to_int),
+    "--use-megatron-fsdp": Modelled("use_megatron_fsdp"),
+    "--data-parallel-sharding-strategy": Modelled("data_parallel_sharding_strategy", to_str),
+}
+
+# Flags that are not a field copy but still decide modelled fields (handled in translate).
+SPECIAL = frozenset({"--group-query-attention", "--moe-layer-recompute", "--transformer-impl"})
+
+
+@dataclass(frozen=True)
+class Unmodelled:
+    why: str
+    # Only noted when the value says the feature is on (e.g. a size above 1); None: always.
+    when: Callable[[list[str]], bool] | None = None
+    # Only noted when this other flag is given too (detail flags of a feature).
+    requires: str | None = None
+
+
+def _above_one(values: list[str]) -> bool:
+    try:
+        return int(values[0]) > 1
+    except (ValueError, IndexError):
+        return True
+
+
+def _not_none(values: list[str]) -> bool:
+    return not values or values[0] != "none"
+
+
+def _not_te(values: list[str]) -> bool:
+    return not values or values[0] != "transformer_engine"
+
+
+_PIPELINE = "pipeline layouts (per-stage layer positions, per-chunk re-arming) are not modelled"
+_MLA = ("multi-latent attention is not modelled: the audit builds standard attention "
+        "(linear_qkv/linear_proj) instead of the MLA projections")
+_HYBRID = "hybrid (Mamba) layers are not modelled: the audit builds a plain transformer stack"
+_GRAPHS = ("CUDA graphs are not modelled (replays bypass the wrappers; captured backward "
+           "accumulates)")
+_OVERLAP = "communication overlap changes when gradients are reduced; not modelled"
+
+UNMODELLED: dict[str, Unmodelled] = {
+    # Pipeline and virtual pipeline (pipeline_model_parallel_size is read by QA017 only).
+    "--pipeline-model-parallel-size": Unmodelled(_PIPELINE, _above_one),
+    "--num-layers-per-virtual-pipeline-stage": Unmodelled(_PIPELINE),
+    "--num-virtual-stages-per-pipeline-rank": Unmodelled(_PIPELINE),
+    "--pipeline-model-parallel-layout": Unmodelled(_PIPELINE),
+    "--decoder-first-pipeline-num-layers": Unmodelled(_PIPELINE),
+    "--decoder-last-pipeline-num-layers": Unmodelled(_PIPELINE),
+    "--account-for-embedding-in-pipeline-split": Unmodelled(_PIPELINE),
+    "--account-for-loss-in-pipeline-split": Unmodelled(_PIPELINE),
+    "--microbatch-group-size-per-virtual-pipeline-stage": Unmodelled(_PIPELINE),
+    "--mtp-standalone": Unmodelled("MTP placed in its own pipeline stage is not modelled"),
+    # Multi-latent attention and its ranks (the ranks only matter with MLA on).
+    "--multi-latent-attention": Unmodelled(_MLA),
+    "--q-lora-rank": Unmodelled(_MLA, requires="--multi-latent-attention"),
+    "--kv-lora-rank": Unmodelled(_MLA, requires="--multi-latent-attention"),
+    "--qk-head-dim": Unmodelled(_MLA, requires="--multi-latent-attention"),
+    "--qk-pos-emb-head-dim": Unmodelled(_MLA, requires="--multi-latent-attention"),
+    "--v-head-dim": Unmodelled(_MLA, requires="--multi-latent-attention"),
+    "--cache-mla-latents": Unmodelled(_MLA, requires="--multi-latent-attention"),
+    "--mla-down-proj-fusion": Unmodelled(_MLA, requires="--multi-latent-attention"),
+    "--experimental-attention-variant": Unmodelled(
+        "experimental attention variants (gated delta net, DSA) build other attention modules; "
+        "not modelled"),
+    "--linear-attention-freq": Unmodelled("linear attention layers are not modelled"),
+    # Hybrid / Mamba models, heterogeneous stacks, encoder-decoder models, custom specs.
+    "--is-hybrid-model": Unmodelled(_HYBRID),
+    "--hybrid-layer-pattern": Unmodelled(_HYBRID),
+    "--hybrid-override-pattern": Unmodelled(_HYBRID),
+    "--mtp-hybrid-override-pattern": Unmodelled(_HYBRID),
+    "--heterogeneous-layers-config-path": Unmodelled(
+        "heterogeneous layer configs (per-layer shapes) are not modelled"),
+    "--heterogeneous-layers-config-encoded-json": Unmodelled(
+        "heterogeneous layer configs (per-layer shapes) are not modelled"),
+    "--encoder-num-layers": Unmodelled("encoder-decoder (T5) models are not modelled"),
+    "--decoder-num-layers": Unmodelled("encoder-decoder (T5) models are not modelled"),
+    "--spec": Unmodelled("a custom layer spec may build other modules than the TE GPT spec"),
+    "--yaml-cfg": Unmodelled("arguments read from a YAML config file are not seen"),
+    "--use-checkpoint-args": Unmodelled("model arguments loaded from the checkpoint are not seen"),
+    "--transformer-impl": Unmodelled("only transformer_engine layers are modelled", _not_te),
+    "--use-transformer-engine-op-fuser": Unmodelled(
+        "TE op-fuser MLPs always accumulate and ignore per-module recipes; not modelled"),
+    "--use-grouped-gemm-for-shared-expert": Unmodelled("grouped shared experts are not modelled"),
+    "--use-grouped-gemm-for-dense-mlp": Unmodelled("grouped dense MLPs are not modelled"),
+    "--moe-single-grouped-weight": Unmodelled("a single grouped expert weight is not modelled"),
+    "--moe-use-grouped-tensor": Unmodelled("grouped expert tensors are not modelled"),
+    "--moe-latent-size": Unmodelled("MoE latent projections (fc1/fc2_latent_proj) are not modelled"),
+    "--enable-mhc-connections": Unmodelled("hyper-connections are not modelled"),
+    "--mhc-recompute-layer-num": Unmodelled("hyper-connection recompute is not modelled"),
+    # CUDA graphs.
+    "--enable-cuda-graph": Unmodelled(_GRAPHS),
+    "--external-cuda-graph": Unmodelled(_GRAPHS),
+    "--cuda-graph-impl": Unmodelled(_GRAPHS, _not_none),
+    "--cuda-graph-scope": Unmodelled(_GRAPHS),
+    "--cuda-graph-modules": Unmodelled(_GRAPHS),
+    # Overlaps and deferred weight gradients.
+    "--overlap-grad-reduce": Unmodelled(_OVERLAP),
+    "--overlap-param-gather": Unmodelled(_OVERLAP),
+    "--overlap-param-gather-with-optimizer-step": Unmodelled(_OVERLAP),
+    "--overlap-moe-expert-parallel-comm": Unmodelled(_OVERLAP),
+    "--overlap-dispatch-backward-with-experts-wgrad": Unmodelled(_OVERLAP),
+    "--tp-comm-overlap": Unmodelled(_OVERLAP),
+    "--delay-wgrad-compute": Unmodelled(
+        "delayed weight-gradient GEMMs (queued for backward_dw) are not modelled"),
+    "--defer-embedding-wgrad-compute": Unmodelled(
+        "deferred output-layer weight gradients are not modelled"),
+    # Sharding and weight storage.
+    "--use-torch-fsdp2": Unmodelled("FSDP2 (no quantized weight cache) is not modelled"),
+    "--keep-fp8-transpose-cache": Unmodelled("FSDP's FP8 transpose cache is not modelled"),
+    "--tensor-parallel-num-weight-shards": Unmodelled(
+        "distributed (GTP) weights never accumulate in the GEMM; not modelled", _above_one),
+    "--expert-tensor-parallel-num-weight-shards": Unmodelled(
+        "distributed (GTP) weights never accumulate in the GEMM; not modelled", _above_one),
+    # Quantization details beyond the recipe and format.
+    "--fp8-param-gather": Unmodelled(
+        "FP8 primary weights bypass the quantized weight cache; not modelled"),
+    "--fp4-param-gather": Unmodelled(
+        "FP4 primary weights bypass the quantized weight cache; not modelled"),
+    "--fp8-quantizer-factory": Unmodelled("custom quantizer factories are never imported"),
+    "--fp4-quantizer-factory": Unmodelled("custom quantizer factories are never imported"),
+    "--no-fp8-wgrad": Unmodelled("high-precision weight-gradient GEMMs under FP8 are not modelled"),
+    "--disable-fp8-wgrad": Unmodelled(
+        "high-precision weight-gradient GEMMs under FP8 are not modelled"),
+    "--use-kitchen-attention": Unmodelled("kitchen attention is not modelled"),
+    # Training loops other than pretraining.
+    "--perform-rl-step": Unmodelled("the RL training loop is not modelled"),
+    "--freeze-all-layers": Unmodelled("frozen weights produce no gradients; not modelled"),
+}
+
+_EXTRA_NOTES = {
+    # Kitchen payloads are not public: only use_kitchen's tracking is modelled.
+    "--kitchen-config-file": "the kitchen recipe itself is not read; modules are audited as "
+                             "tracked kitchen modules in the ambient precision",
+    "--kitchen-recipe-number": "the kitchen recipe itself is not read; modules are audited as "
+                               "tracked kitchen modules in the ambient precision",
+}
+
+
+def modelled_flags() -> dict[str, Modelled]:
+    """The table, limited to fields `qaudit.config` models now (others fall back to notes)."""
+    return {flag: spec for flag, spec in _MODELLED.items() if spec.field in MODELLED_FIELDS}
+
+
+def note_for(flag: str) -> Unmodelled | None:
+    if flag in UNMODELLED:
+        return UNMODELLED[flag]
+    if flag in _MODELLED and _MODELLED[flag].field not in MODELLED_FIELDS:
+        return Unmodelled(f"sets {_MODELLED[flag].field}, which the audit does not model")
+    if flag in _EXTRA_NOTES:
+        return Unmodelled(_EXTRA_NOTES[flag])
+    return None
+

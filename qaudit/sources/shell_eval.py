@@ -1,0 +1,957 @@
+"""Follow a bash script's variables symbolically, to find the argv it passes to Megatron.
+
+This is a reader, not a shell: it walks the syntax tree once, tracks variables (strings and
+arrays) from the assignments it sees, expands words as bash would (quotes, `${VAR:-default}`,
+arrays, word splitting, `$(( ))` on known values), decides `if`/`case`/`&&` on known values,
+and records the commands that launch a Python entry script. It never runs a command, a
+substitution or `eval`; a value it cannot know (unset variable, `$(...)`, a file test) becomes
+an `External` hole. When a condition cannot be decided, both outcomes are followed and
+variables that differ become holes that name what the condition reads.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+
+from qaudit.config import SourceNote
+from qaudit.errors import InputError
+from qaudit.sources import shell_parser as ast
+from qaudit.sources.arith import ArithUnknown, evaluate
+from qaudit.sources.argv import HOLE
+from qaudit.sources.shell_lexer import Arith, CmdSub, Lit, Param, WordTok
+from qaudit.sources.tokens import External, Word
+
+# A character of an expanded value: (text, source line, what it depends on if unknown).
+Ch = tuple[str, int, "External | None"]
+Chars = tuple[Ch, ...]
+
+MAX_STEPS = 200_000  # commands followed; a bound on loops and function recursion
+MAX_VALUE = 1_000_000  # characters in one variable
+MAX_ELEMENTS = 100_000  # elements in one array
+MAX_FOR_ITEMS = 1_000
+MAX_CALL_DEPTH = 16
+LAUNCHERS = {"torchrun", "python", "python3", "uv", "srun", "mpirun", "deepspeed", "accelerate",
+             "nsys", "numactl", "ft_launcher", "exec", "env", "time", "nohup"}
+_BLANKS = " \t\n"
+
+
+@dataclass(frozen=True)
+class Elem:
+    """An array element; `condition` when it exists only if an undecided condition holds."""
+
+    chars: Chars
+    condition: tuple[External, ...] = ()
+
+
+@dataclass(frozen=True)
+class ArrayValue:
+    elems: tuple[Elem, ...]
+
+
+class _Unset:
+    """A variable the script itself unset: expands to nothing (unlike one never set)."""
+
+
+UNSET = _Unset()
+
+
+class ExitPath(Exception):
+    """`exit` (or `return` at top level): this path of the script ends here."""
+
+
+class BreakLoop(Exception):
+    pass
+
+
+@dataclass
+class Launch:
+    line: int
+    argv: list[Word]  # the words after the entry script
+
+
+@dataclass
+class Outcome:
+    env: dict
+    launches: list[Launch]
+    notes: list[SourceNote]
+    order: list[str]  # variable names in the order they were first assigned
+
+
+def text_of(chars: Chars) -> str:
+    return "".join(c[0] for c in chars)
+
+
+def holes(chars: Chars) -> tuple[External, ...]:
+    return tuple(dict.fromkeys(c[2] for c in chars if c[2] is not None))
+
+
+def hole(external: External) -> Chars:
+    return ((HOLE, external.line or 0, external),)
+
+
+def known(text: str, line: int) -> Chars:
+    return tuple((c, line, None) for c in text)
+
+
+def to_word(chars: Chars, line: int, condition: tuple[External, ...] = ()) -> Word:
+    return Word(text_of(chars), chars[0][1] if chars else line, holes(chars), condition)
+
+
+class _Fields:
+    """Builds the fields (words) of one expanded word, with bash's splitting rules."""
+
+    def __init__(self, split: bool) -> None:
+        self.split = split
+        self.fields: list[tuple[list[Ch], tuple[External, ...]]] = []
+        self.current: list[Ch] = []
+        self.condition: tuple[External, ...] = ()
+        self.started = False
+
+    def add(self, chars: Chars, splittable: bool, condition: tuple[External, ...] = ()) -> None:
+        for ch in chars:
+            if splittable and self.split and ch[2] is None and ch[0] in _BLANKS:
+                self.boundary()
+            else:
+                self.current.append(ch)
+                self.started = True
+                if condition and not set(condition) <= set(self.condition):
+                    self.condition = tuple(dict.fromkeys(self.condition + condition))
+
+    def mark(self) -> None:
+        """A quoted part: the field exists even if empty (`""`)."""
+        self.started = True
+
+    def boundary(self) -> None:
+        if self.started:
+            self.fields.append((self.current, self.condition))
+        self.current, self.condition, self.started = [], (), False
+
+    def result(self) -> list[tuple[Chars, tuple[External, ...]]]:
+        self.boundary()
+        return [(tuple(chars), condition) for chars, condition in self.fields]
+
+
+class Interpreter:
+    def __init__(self, file: str, variables: dict[str, str]) -> None:
+        self.file = file
+        self.pinned = {name: known(value, 0) for name, value in variables.items()}
+        self.env: dict = {}
+        self.order: list[str] = []
+        self.functions: dict[str, list] = {}
+        self.positional: list[Chars] | None = None  # None: the script's own (unknown) args
+        self.launches: list[Launch] = []
+        self.notes: list[SourceNote] = []
+        self.steps = 0
+        self.call_depth = 0
+        self.in_condition = False
+        self.saw_arguments = False  # "$@" of the script itself in the current command
+
+    # --- entry -------------------------------------------------------------------------------
+    def run(self, tree: list) -> Outcome:
+        try:
+            self.block(tree)
+        except ExitPath:
+            pass
+        except RecursionError:
+            raise InputError("cannot read the script: nested too deeply", file=self.file) from None
+        return Outcome(self.env, self.launches, self.notes, self.order)
+
+    def step(self, line: int) -> None:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise InputError(f"cannot read the script: more than {MAX_STEPS} commands to follow "
+                             f"(a loop that does not end?)", file=self.file, line=line)
+
+    # --- statements --------------------------------------------------------------------------
+    def block(self, items: list) -> None:
+        for item in items:
+            self.and_or(item)
+
+    def and_or(self, node: ast.AndOr) -> None:
+        status = self.pipeline(node.first)
+        for op, pipeline in node.rest:
+            if status is True and op == "||" or status is False and op == "&&":
+                continue
+            if status is None:
+                externals = self.last_externals
+                self.fork([lambda p=pipeline: self.pipeline(p)], externals, pipeline.line)
+                status = None
+                continue
+            status = self.pipeline(pipeline)
+
+    last_externals: tuple[External, ...] = ()
+
+    def pipeline(self, node: ast.Pipeline) -> bool | None:
+        """Run a pipeline; its status: True/False when known, None when it depends on
+        `self.last_externals`. Ordinary commands are assumed to succeed."""
+        if len(node.commands) > 1:
+            saved = dict(self.env)
+            for command in node.commands:
+                self.command(command)  # each part runs in a subshell: variables do not leak
+            self.env = saved
+            status: bool | None = True
+        else:
+            status = self.command(node.commands[0])
+        if node.negated and status is not None:
+            status = not status
+        return status
+
+    def command(self, node) -> bool | None:
+        self.step(getattr(node, "line", 0))
+        if isinstance(node, ast.Simple):
+            return self.simple(node)
+        if isinstance(node, ast.Test):
+            return self.status(self.test(node))
+        if isinstance(node, ast.ArithTest):
+            return self.status(self.arith_status(node.raw, node.line))
+        if isinstance(node, ast.If):
+            self.if_(node)
+        elif isinstance(node, ast.Loop):
+            self.loop(node)
+        elif isinstance(node, ast.For):
+            self.for_(node)
+        elif isinstance(node, ast.Case):
+            self.case(node)
+        elif isinstance(node, ast.Group):
+            if node.subshell:
+                saved = dict(self.env)
+                try:
+                    self.block(node.body)
+                except ExitPath:
+                    pass
+                self.env = saved
+            else:
+                self.block(node.body)
+        elif isinstance(node, ast.Function):
+            self.functions[node.name] = node.body
+        return True
+
+    def status(self, result: tuple[bool | None, tuple[External, ...]]) -> bool | None:
+        value, externals = result
+        self.last_externals = externals
+        return value
+
+    # --- control flow ------------------------------------------------------------------------
+    def condition(self, items: list) -> tuple[bool | None, tuple[External, ...]]:
+        """The status of a condition list (the last and-or decides)."""
+        status: bool | None = True
+        externals: tuple[External, ...] = ()
+        for item in items:
+            status, externals = self.condition_and_or(item)
+        return status, externals
+
+    def condition_and_or(self, node: ast.AndOr) -> tuple[bool | None, tuple[External, ...]]:
+        status, externals = self.condition_pipeline(node.first)
+        for op, pipeline in node.rest:
+            if status is True and op == "||" or status is False and op == "&&":
+                continue
+            right, more = self.condition_pipeline(pipeline)
+            if status is None:
+                if op == "&&" and right is False or op == "||" and right is True:
+                    status, externals = right, more
+                else:
+                    externals = externals + more
+            else:
+                status, externals = right, more
+        return status, externals
+
+    def condition_pipeline(self, node: ast.Pipeline) -> tuple[bool | None, tuple[External, ...]]:
+        self.last_externals = ()
+        outer, self.in_condition = self.in_condition, True
+        try:
+            status = self.pipeline(node)
+        finally:
+            self.in_condition = outer
+        return status, self.last_externals if status is None else ()
+
+    def if_(self, node: ast.If) -> None:
+        self.branches(list(node.branches), node.orelse, node.line)
+
+    def branches(self, branches: list, orelse: list | None, line: int) -> None:
+        if not branches:
+            if orelse is not None:
+                self.block(orelse)
+            return
+        (condition, body), rest = branches[0], branches[1:]
+        status, externals = self.condition(condition)
+        if status is True:
+            self.block(body)
+        elif status is False:
+            self.branches(rest, orelse, line)
+        else:
+            self.fork([lambda: self.block(body), lambda: self.branches(rest, orelse, line)],
+                      externals, line, complete=True)
+
+    def loop(self, node: ast.Loop) -> None:
+        status, externals = self.condition(node.condition)
+        if node.until and status is not None:
+            status = not status
+        if status is False:
+            return
+        # Zero or more iterations: follow the body once and merge with not entering it.
+        self.fork([lambda: self.loop_body(node.body)], externals or (
+            External("a loop", node.line, "runs an unknown number of times"),), node.line)
+
+    def loop_body(self, body: list) -> None:
+        try:
+            self.block(body)
+        except BreakLoop:
+            pass
+
+    def for_(self, node: ast.For) -> None:
+        items: list[Chars] | None = None
+        if node.words is not None and node.var:
+            items = []
+            for word in node.words:
+                for chars, _ in self.expand(word):
+                    items.append(chars)
+            if len(items) > MAX_FOR_ITEMS or any(holes(c) for c in items):
+                items = None
+        if items is None:
+            if node.var:
+                self.assign_scalar(node.var, hole(External(node.var, node.line,
+                                                           "set by a loop over unknown items")))
+            self.fork([lambda: self.loop_body(node.body)],
+                      (External("a loop", node.line, "runs over unknown items"),), node.line)
+            return
+        try:
+            for chars in items:
+                self.assign_scalar(node.var, chars)
+                self.block(node.body)
+        except BreakLoop:
+            pass
+
+    def case(self, node: ast.Case) -> None:
+        subject = self.expand_joined(node.word)
+        if holes(subject):
+            self.fork([lambda b=body: self.block(b) for _, body in node.items],
+                      holes(subject), node.line)
+            return
+        for i, (patterns, body) in enumerate(node.items):
+            for pattern in patterns:
+                chars = self.expand_joined(pattern)
+                if holes(chars):
+                    # From here on any item may match: follow each, or none.
+                    self.fork([lambda b=b: self.block(b) for _, b in node.items[i:]],
+                              holes(chars), node.line)
+                    return
+                if fnmatch.fnmatchcase(text_of(subject), text_of(chars)):
+                    self.block(body)
+                    return
+
+    def fork(self, paths: list, externals: tuple[External, ...], line: int,
+             complete: bool = False) -> None:
+        """Follow each path from the current state and merge the results. Unless `complete`,
+        not taking any path is one more outcome. A path that exits does not count."""
+        start, start_positional = dict(self.env), self.positional
+        results: list[dict] = []
+        for path in paths:
+            self.env, self.positional = dict(start), start_positional
+            try:
+                path()
+            except ExitPath:
+                continue
+            except (BreakLoop, _Return):
+                pass  # the loop or function ends on this path; keep its variables
+            results.append(self.env)
+        if not complete:
+            results.append(start)
+        self.positional = start_positional
+        if not results:
+            raise ExitPath()
+        self.env = self.merge(results, externals, line)
+
+    def merge(self, envs: list[dict], externals: tuple[External, ...], line: int) -> dict:
+        if len(envs) == 1:
+            return envs[0]
+        why = externals or (External("a condition", line, "cannot be decided"),)
+        merged: dict = {}
+        deciders = tuple(dict.fromkeys(n for e in why for n in (e.deciders or (
+            (e.name,) if e.settable() else ()))))
+        reads = ", ".join(dict.fromkeys(e.display() for e in why))
+        for name in dict.fromkeys(n for env in envs for n in env):
+            values = [env.get(name) for env in envs]
+            # A variable that differs between outcomes is named itself (`--set NAME=...` pins
+            # it), with what decided it.
+            differs = External(name, line, f"set depending on line {line}, which reads {reads}",
+                               deciders)
+            merged[name] = _merge_values(values, why, differs)
+            if name not in self.order:
+                self.order.append(name)
+        return merged
+
+    # --- simple commands ---------------------------------------------------------------------
+    def simple(self, node: ast.Simple) -> bool | None:
+        if not node.words:
+            for assign in node.assigns:
+                self.assignment(assign)
+            return True
+        self.saw_arguments = False
+        words = self.expand_words(node.words)
+        name = words[0].text if words else ""
+        if name in ast.DECLARATIONS:
+            for assign in node.assigns:
+                self.assignment(assign)
+            return True
+        if name in ("[", "test"):
+            return self.status(self.bracket_test(node.words[1:], node.line, name == "["))
+        if name in ("true", ":"):
+            return True
+        if name == "false":
+            return False
+        if name == "exit":
+            raise ExitPath()
+        if name == "return":
+            raise ExitPath() if self.call_depth == 0 else _Return()
+        if name in ("break", "continue"):
+            raise BreakLoop()
+        if name == "unset":
+            for word in words[1:]:
+                if not word.text.startswith("-"):
+                    self.env[word.text] = UNSET
+            return True
+        if name == "shift" and self.positional is not None:
+            self.positional = self.positional[1:]
+            return True
+        if name in ("source", ".", "eval"):
+            shown = " ".join(w.text.replace(HOLE, "?") for w in words[:2])
+            self.notes.append(SourceNote(
+                f"`{shown}` is not followed (qaudit never runs or reads what it names); flags "
+                f"or variables it would set are not seen", node.line, name))
+            return True
+        if name == "read":
+            for word in words[1:]:
+                if word.text.isidentifier():
+                    self.assign_scalar(word.text, hole(External(word.text, node.line,
+                                                                "read from input")))
+            return True
+        if name in self.functions:
+            return self.call(name, words[1:], node.line)
+        if self.in_condition:
+            # A command's exit status decides the condition; qaudit never runs it.
+            shown = (name.replace(HOLE, "?") or "a command")[:30]
+            self.last_externals = (External(shown, node.line,
+                                            "a command's exit status; qaudit never runs it"),)
+            return None
+        if self.maybe_launch(words, node.line) and self.saw_arguments:
+            self.notes.append(SourceNote(
+                "the launch forwards the script's own arguments (\"$@\"); the audit assumes "
+                "none (give them with --set 1=... 2=...)", node.line, "$@"))
+        return True
+
+    def call(self, name: str, args: list[Word], line: int) -> bool:
+        if self.call_depth >= MAX_CALL_DEPTH:
+            raise InputError(f"cannot read the script: function {name} calls itself too deeply",
+                             file=self.file, line=line)
+        saved = self.positional
+        self.positional = [_chars_of(word, line) for word in args]
+        self.call_depth += 1
+        try:
+            self.block(self.functions[name])
+        except _Return:
+            pass
+        finally:
+            self.call_depth -= 1
+            self.positional = saved
+        return True
+
+    def maybe_launch(self, words: list[Word], line: int) -> bool:
+        """A command that runs a Python entry script (`torchrun ... pretrain_gpt.py --flags`)."""
+        for i, word in enumerate(words):
+            base = word.text.rsplit("/", 1)[-1]
+            if base.endswith(".py") and (i == 0 or any(
+                    w.text.rsplit("/", 1)[-1] in LAUNCHERS or w.text.startswith("python")
+                    for w in words[:i])):
+                self.launches.append(Launch(line, words[i + 1:]))
+                return True
+        return False
+
+    # --- assignments -------------------------------------------------------------------------
+    def assignment(self, assign: ast.Assign) -> None:
+        if assign.name in self.pinned:
+            return  # --set wins over the script's own assignments
+        if assign.array is not None:
+            elems = []
+            for word in assign.array:
+                elems.extend(Elem(chars, condition) for chars, condition in self.expand(word))
+            old = self.env.get(assign.name)
+            if assign.append:
+                elems = list(as_array(old)) + elems
+            if len(elems) > MAX_ELEMENTS:
+                elems = [Elem(hole(External(assign.name, assign.line,
+                                            f"has more than {MAX_ELEMENTS} elements")))]
+            self.set(assign.name, ArrayValue(tuple(elems)))
+            return
+        chars = self.expand_joined(assign.value) if assign.value else ()
+        chars = self.name_unsettable(assign.name, chars, assign.line)
+        old = self.env.get(assign.name)
+        if assign.index is not None:
+            self.assign_element(assign, chars, old)
+        elif assign.append and isinstance(old, ArrayValue):
+            first = old.elems[0].chars if old.elems else ()
+            self.set(assign.name, ArrayValue((Elem(first + chars),) + old.elems[1:]))
+        elif assign.append:
+            self.assign_scalar(assign.name, _as_scalar(old) + chars)
+        else:
+            self.assign_scalar(assign.name, chars)
+
+    def name_unsettable(self, name: str, chars: Chars, line: int) -> Chars:
+        """`X=$(cmd)`: the hole names X, so that `--set X=...` can supply it."""
+        result = []
+        for ch in chars:
+            if ch[2] is not None and not ch[2].settable():
+                ch = (ch[0], ch[1], External(name, line, f"assigned from {ch[2].display()}, "
+                                                         f"{ch[2].why}"))
+            result.append(ch)
+        return tuple(result)
+
+    def assign_element(self, assign: ast.Assign, chars: Chars, old) -> None:
+        index_chars = self.expand_text(assign.index or "", assign.line)
+        try:
+            index = int(text_of(index_chars)) if not holes(index_chars) else None
+        except ValueError:
+            index = None
+        elems = list(as_array(old))
+        if index is None or index < 0 or index > MAX_FOR_ITEMS:
+            self.set(assign.name, ArrayValue((Elem(hole(External(
+                assign.name, assign.line, "has an element at an unknown index"))),)))
+            return
+        while len(elems) <= index:
+            elems.append(Elem(()))
+        elems[index] = Elem(chars)
+        self.set(assign.name, ArrayValue(tuple(elems)))
+
+    def assign_scalar(self, name: str, chars: Chars) -> None:
+        if name in self.pinned:
+            return
+        if len(chars) > MAX_VALUE:
+            chars = hole(External(name, chars[0][1], f"is longer than {MAX_VALUE} characters"))
+        self.set(name, chars)
+
+    def set(self, name: str, value) -> None:
+        self.env[name] = value
+        if name not in self.order:
+            self.order.append(name)
+
+    # --- expansion ---------------------------------------------------------------------------
+    def expand_words(self, words: list[WordTok]) -> list[Word]:
+        result = []
+        for word in words:
+            for chars, condition in self.expand(word):
+                result.append(to_word(chars, word.line, condition))
+        return result
+
+    def expand(self, word: WordTok, split: bool = True) -> list[tuple[Chars, tuple]]:
+        fields = _Fields(split)
+        for part in word.parts:
+            self.expand_part(part, fields)
+        return fields.result()
+
+    def expand_joined(self, word: WordTok) -> Chars:
+        """Expansion without word splitting (assignments, `case`, `[[ ]]` operands)."""
+        out: list[Ch] = []
+        for i, (chars, _) in enumerate(self.expand(word, split=False)):
+            if i:
+                out.append((" ", chars[0][1] if chars else word.line, None))
+            out.extend(chars)
+        return tuple(out)
+
+    def expand_part(self, part, fields: _Fields) -> None:
+        if isinstance(part, Lit):
+            fields.add(tuple(zip(part.text, part.lines, [None] * len(part.text))), False)
+            if part.quoted:
+                fields.mark()
+        elif isinstance(part, Param):
+            self.expand_param(part, fields)
+        elif isinstance(part, CmdSub):
+            shown = part.raw.strip().replace("\n", " ")
+            shown = shown if len(shown) <= 30 else shown[:27] + "..."
+            fields.add(hole(External(f"$({shown})", part.line,
+                                     "a command's output; qaudit never runs it")), False)
+            fields.mark()
+        elif isinstance(part, Arith):
+            fields.add(self.arith_value(part.raw, part.line), not part.quoted)
+            if part.quoted:
+                fields.mark()
+
+    def expand_param(self, part: Param, fields: _Fields) -> None:
+        value = self.param_value(part)
+        if isinstance(value, ArrayValue):
+            for i, elem in enumerate(value.elems):
+                if i:
+                    fields.boundary() if fields.split or part.quoted else fields.add(
+                        ((" ", elem.chars[0][1] if elem.chars else part.line, None),), False)
+                fields.add(elem.chars, not part.quoted, elem.condition)
+                if part.quoted:
+                    fields.mark()
+            return
+        fields.add(value, not part.quoted)
+        if part.quoted:
+            fields.mark()
+
+    def param_value(self, part: Param):
+        """A Param's value: Chars, or an ArrayValue for `${NAME[@]}` / `$@` forms."""
+        name, line = part.name, part.line
+        if part.op == "other":
+            return hole(External(name if name not in "!?" else "${...}", line,
+                                 "uses a ${...} form qaudit does not evaluate"))
+        if name in ("@", "*"):
+            self.saw_arguments = self.saw_arguments or self.positional is None
+            elems = tuple(Elem(c) for c in self.arguments())
+            return ArrayValue(elems) if name == "@" or not part.quoted else _join(elems, line)
+        if name == "#" and part.op is None:
+            return known(str(len(self.arguments())), line)
+        if name in ("?", "$", "!", "-"):
+            return hole(External("$" + name, line, "known only at run time"))
+        if name == "0":
+            return hole(External("$0", line, "the script's name"))
+        state = self.lookup(name, part.index, line)
+        if part.op == "#len":
+            if isinstance(state, ArrayValue) and part.index in ("@", "*"):
+                return known(str(len(state.elems)), line)
+            chars = _as_scalar(state)
+            return hole(External(name, line, "not set in the script")) if state is None \
+                else (known(str(len(chars)), line) if not holes(chars) else hole(holes(chars)[0]))
+        if part.op in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
+            return self.operator(part, state)
+        if state is None:
+            return hole(self.unset_external(name, line))
+        if state is UNSET:
+            return ()
+        if isinstance(state, ArrayValue):
+            if part.index in ("@", "*"):
+                return state if part.index == "@" or not part.quoted else _join(state.elems, line)
+            return state.elems[0].chars if state.elems else ()
+        return state
+
+    def lookup(self, name: str, index: str | None, line: int):
+        """The variable's state: None (never set: from outside), UNSET, Chars or ArrayValue."""
+        if name.isdigit() and self.positional is not None:  # inside a function
+            position = int(name)
+            return self.positional[position - 1] if 0 < position <= len(self.positional) \
+                else UNSET
+        if name in self.pinned:
+            state = self.pinned[name]
+        elif name.isdigit():
+            return None  # a script argument not given with --set
+        else:
+            state = self.env.get(name)
+        if index is None or index in ("@", "*") or state is None or state is UNSET:
+            return state
+        index_chars = self.expand_text(index, line)
+        try:
+            position = int(text_of(index_chars))
+        except ValueError:
+            return hole(External(name, line, "is indexed by an unknown value"))
+        elems = as_array(state)
+        return elems[position].chars if 0 <= position < len(elems) else UNSET
+
+    def arguments(self) -> list[Chars]:
+        """Positional parameters. The script itself is taken as run without arguments, except
+        those given with `--set 1=...`; a function gets the words it was called with."""
+        if self.positional is not None:
+            return self.positional
+        numbers = [int(n) for n in self.pinned if n.isdigit() and int(n) > 0]
+        return [self.pinned.get(str(i), ()) for i in range(1, max(numbers, default=0) + 1)]
+
+    def unset_external(self, name: str, line: int) -> External:
+        if name.isdigit():
+            return External(name, line, "a script argument, not known")
+        return External(name, line, "not set in the script")
+
+    def operator(self, part: Param, state):
+        op, name, line = part.op, part.name, part.line
+        # Never set in the script (state None) counts as unset: with a default written in the
+        # script, the default is what a plain run gets. A value with unknown parts counts as
+        # set and non-empty.
+        chars = _as_scalar(state) if state is not None and state is not UNSET else None
+        is_set = chars is not None
+        empty = chars is not None and not chars
+        use_default = not is_set or (op.startswith(":") and empty)
+        if op.lstrip(":") == "+":
+            return self.expand_arg(part) if not use_default else ()
+        if op.lstrip(":") == "?":
+            return chars if not use_default else hole(External(name, line, "required but unset"))
+        if not use_default:
+            return chars if not isinstance(state, ArrayValue) or part.index not in ("@", "*") \
+                else state
+        default = self.expand_arg(part)
+        if op.lstrip(":") == "=" and not name.isdigit():
+            self.assign_scalar(name, default)
+        return default
+
+    def expand_arg(self, part: Param) -> Chars:
+        out: list[Ch] = []
+        fields = _Fields(split=False)
+        for sub in part.arg:
+            self.expand_part(sub, fields)
+        for i, (chars, _) in enumerate(fields.result()):
+            if i:
+                out.append((" ", part.line, None))
+            out.extend(chars)
+        return tuple(out)
+
+    def expand_text(self, text: str, line: int) -> Chars:
+        """`$VAR` / `${VAR}` references in a small raw text (array indexes, arithmetic)."""
+        out: list[Ch] = []
+        pos = 0
+        for match in re.finditer(r"\$\{([A-Za-z_][A-Za-z0-9_]*|\d+)\}|\$([A-Za-z_][A-Za-z0-9_]*|\d)",
+                                 text):
+            out.extend(known(text[pos:match.start()], line))
+            name = match.group(1) or match.group(2)
+            out.extend(self.param_value(Param(name, line, True)))
+            pos = match.end()
+        out.extend(known(text[pos:], line))
+        if "$(" in text or "`" in text:
+            return hole(External(f"$({text.strip()[:30]})", line,
+                                 "a command's output; qaudit never runs it"))
+        return tuple(out)
+
+    def arith_value(self, raw: str, line: int) -> Chars:
+        result, externals = self.arith_status_value(raw, line)
+        if result is None:
+            return hole(externals[0])
+        return known(str(result), line)
+
+    def arith_status_value(self, raw: str, line: int) -> tuple[int | None, tuple[External, ...]]:
+        chars = self.expand_text(raw, line)
+        if holes(chars):
+            return None, holes(chars)
+        missing: list[External] = []
+
+        def variable(name: str) -> str | None:
+            state = self.lookup(name, None, line)
+            if state is None:
+                missing.append(self.unset_external(name, line))
+                return None
+            value = _as_scalar(state) if state is not UNSET else ()
+            if holes(value):
+                missing.extend(holes(value))
+                return None
+            return text_of(value)
+
+        try:
+            return evaluate(text_of(chars), variable), ()
+        except ArithUnknown as exc:
+            return None, tuple(missing) or (External(f"$(({raw.strip()[:30]}))", line,
+                                                     f"cannot be evaluated: {exc}"),)
+
+    def arith_status(self, raw: str, line: int) -> tuple[bool | None, tuple[External, ...]]:
+        value, externals = self.arith_status_value(raw, line)
+        return (None, externals) if value is None else (value != 0, ())
+
+    # --- tests -------------------------------------------------------------------------------
+    def test(self, node: ast.Test) -> tuple[bool | None, tuple[External, ...]]:
+        items = [item if isinstance(item, str) else (self.expand_joined(item), item)
+                 for item in node.items]
+        return _TestEval(items, node.line, double=True).run()
+
+    def bracket_test(self, words: list[WordTok], line: int, bracket: bool):
+        fields: list = []
+        for word in words:
+            for chars, _ in self.expand(word):
+                fields.append((chars, word))
+        if bracket:
+            if not fields or text_of(fields[-1][0]) != "]":
+                return None, (External("[", line, "is not closed with ]"),)
+            fields = fields[:-1]
+        items = [text_of(c) if text_of(c) in ("!", "(", ")", "-a", "-o") and not holes(c)
+                 else (c, w) for c, w in fields]
+        return _TestEval(items, line, double=False).run()
+
+
+class _Return(Exception):
+    pass
+
+
+_FILE_TESTS = set("-a -b -c -d -e -f -g -h -k -p -r -s -t -u -w -x -G -L -N -O -S".split())
+_INT_OPS = {"-eq": lambda a, b: a == b, "-ne": lambda a, b: a != b, "-lt": lambda a, b: a < b,
+            "-le": lambda a, b: a <= b, "-gt": lambda a, b: a > b, "-ge": lambda a, b: a >= b}
+_BINARY_OPS = {"=", "==", "!=", "<", ">", "=~"} | set(_INT_OPS)
+
+
+class _TestEval:
+    """`[[ ... ]]` / `[ ... ]` expressions, three-valued: True, False or None (unknown)."""
+
+    def __init__(self, items: list, line: int, double: bool) -> None:
+        self.items = items
+        self.pos = 0
+        self.line = line
+        self.double = double
+
+    def text(self, item) -> str | None:
+        if isinstance(item, str):
+            return item
+        chars, _ = item
+        return None if holes(chars) else text_of(chars)
+
+    def peek_text(self) -> str | None:
+        return self.text(self.items[self.pos]) if self.pos < len(self.items) else None
+
+    def run(self) -> tuple[bool | None, tuple[External, ...]]:
+        if not self.items:
+            return False, ()
+        result = self.or_()
+        if self.pos != len(self.items):
+            return None, (External("a test", self.line, "uses syntax qaudit does not read"),)
+        return result
+
+    def or_(self):
+        left = self.and_()
+        while self.peek_text() in ("||", "-o"):
+            self.pos += 1
+            left = _or(left, self.and_())
+        return left
+
+    def and_(self):
+        left = self.not_()
+        while self.peek_text() in ("&&", "-a"):
+            self.pos += 1
+            left = _and(left, self.not_())
+        return left
+
+    def not_(self):
+        if self.peek_text() == "!":
+            self.pos += 1
+            value, externals = self.not_()
+            return (None if value is None else not value), externals
+        return self.primary()
+
+    def primary(self):
+        if self.pos >= len(self.items):
+            return None, (External("a test", self.line, "ends too early"),)
+        first = self.items[self.pos]
+        if self.peek_text() == "(":
+            self.pos += 1
+            value = self.or_()
+            if self.peek_text() == ")":
+                self.pos += 1
+            return value
+        # binary operator?
+        if self.pos + 2 < len(self.items) and self.text(self.items[self.pos + 1]) in _BINARY_OPS:
+            left, op, right = first, self.text(self.items[self.pos + 1]), self.items[self.pos + 2]
+            self.pos += 3
+            return self.binary(left, op, right)
+        op = self.text(first)
+        if op in ("-z", "-n") and self.pos + 1 < len(self.items):
+            operand = self.items[self.pos + 1]
+            self.pos += 2
+            if isinstance(operand, str):
+                return (op == "-n") == bool(operand), ()
+            chars, _ = operand
+            if holes(chars):
+                return None, holes(chars)
+            return (op == "-n") == bool(chars), ()
+        if op in _FILE_TESTS or op == "-v":
+            self.pos += 2
+            return None, (External(f"[ {op} ... ]", self.line,
+                                   "a filesystem test; qaudit does not look at files"),)
+        self.pos += 1
+        if isinstance(first, str):
+            return bool(first), ()
+        chars, _ = first
+        return (None, holes(chars)) if holes(chars) else (bool(chars), ())
+
+    def binary(self, left, op: str, right):
+        unknown = tuple(dict.fromkeys(
+            e for item in (left, right) if not isinstance(item, str) for e in holes(item[0])))
+        if unknown:
+            return None, unknown
+        a, b = self.text(left), self.text(right)
+        if op in _INT_OPS:
+            try:
+                return _INT_OPS[op](int(a), int(b)), ()
+            except ValueError:
+                return None, (External(f"{a} {op} {b}", self.line, "compares non-integers"),)
+        if op == "=~":
+            return None, (External(f"=~ {b}", self.line, "regular expressions are not read"),)
+        if op in ("<", ">"):
+            return (a < b) if op == "<" else (a > b), ()
+        equal = fnmatch.fnmatchcase(a, b) if self.double and _unquoted_pattern(right) else a == b
+        return equal if op in ("=", "==") else not equal, ()
+
+
+def _unquoted_pattern(item) -> bool:
+    """In `[[ a == b ]]` an unquoted right side is a glob pattern."""
+    if isinstance(item, str):
+        return False
+    _, word = item
+    return any(isinstance(p, Lit) and not p.quoted and set(p.text) & set("*?[") for p in word.parts)
+
+
+def _and(a, b):
+    if a[0] is False or b[0] is False:
+        return False, ()
+    if a[0] is True and b[0] is True:
+        return True, ()
+    return None, a[1] + b[1]
+
+
+def _or(a, b):
+    if a[0] is True or b[0] is True:
+        return True, ()
+    if a[0] is False and b[0] is False:
+        return False, ()
+    return None, a[1] + b[1]
+
+
+def _chars_of(word: Word, line: int) -> Chars:
+    """Back from a Word to characters (holes matched to its unknowns in order)."""
+    unknown = iter(word.unknown)
+    return tuple((c, word.line or line, next(unknown, None) if c == HOLE else None)
+                 for c in word.text)
+
+
+def _as_scalar(state) -> Chars:
+    if isinstance(state, ArrayValue):
+        return state.elems[0].chars if state.elems else ()
+    if state is None or state is UNSET:
+        return ()
+    return state
+
+
+def as_array(state) -> tuple[Elem, ...]:
+    if isinstance(state, ArrayValue):
+        return state.elems
+    if state is None or state is UNSET:
+        return ()
+    return (Elem(state),)
+
+
+def _join(elems: tuple[Elem, ...], line: int) -> Chars:
+    out: list[Ch] = []
+    for i, elem in enumerate(elems):
+        if i:
+            out.append((" ", line, None))
+        out.extend(elem.chars)
+    return tuple(out)
+
+
+def _plain(value):
+    """A value without line numbers, to compare outcomes of different branches."""
+    if isinstance(value, ArrayValue):
+        return tuple((tuple((c, h) for c, _, h in e.chars), e.condition) for e in value.elems)
+    if value is None or value is UNSET:
+        return value
+    return tuple((c, h) for c, _, h in value)
+
+
+def _merge_values(values: list, why: tuple[External, ...], differs: External):
+    plain = [_plain(v) for v in values]
+    if all(p == plain[0] for p in plain):
+        return values[0]
+    arrays = [v for v in values if isinstance(v, ArrayValue) or v is None or v is UNSET]
+    if len(arrays) == len(values):
+        # Arrays that only grew in some outcomes (ARGS+=(...) under a condition): keep the
+        # common prefix, mark the extra elements conditional.
+        elems = [as_array(v) for v in values]
+        longest = max(elems, key=len)
+        shortest = min(len(e) for e in elems)
+        if all(_plain(ArrayValue(e)) == _plain(ArrayValue(longest[:len(e)])) for e in elems):
+            merged = list(longest[:shortest])
+            merged += [Elem(e.chars, tuple(dict.fromkeys(e.condition + why)))
+                       for e in longest[shortest:]]
+            return ArrayValue(tuple(merged))
+    return hole(differs)

@@ -1,0 +1,204 @@
+"""Megatron flag occurrences -> a `YamlMap` of TransformerConfig fields plus notes.
+
+Mirrors what upstream's `core_transformer_config_from_args` and `validate_args` do with the
+modelled flags, keeps each field's source line (the flag's line), and decides what an unknown
+value means: an error when the audit needs it, a note or nothing otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from qaudit.config import MODELLED_FIELDS, SourceNote
+from qaudit.errors import InputError
+from qaudit.sources import megatron_flags as flags
+from qaudit.sources.argv import Argv, Occurrence
+from qaudit.sources.tokens import External
+from qaudit.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
+from qaudit.yamlio import YamlMap, short_repr
+
+REQUIRED_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads")
+# Features that replace the GPT decoder stack; without --num-layers nothing can be built.
+_STACK_FEATURES = {
+    "--hybrid-layer-pattern": "hybrid (Mamba) models",
+    "--hybrid-override-pattern": "hybrid (Mamba) models",
+    "--is-hybrid-model": "hybrid (Mamba) models",
+    "--encoder-num-layers": "encoder-decoder (T5) models",
+    "--decoder-num-layers": "encoder-decoder (T5) models",
+    "--heterogeneous-layers-config-path": "heterogeneous layer configs",
+}
+
+
+def missing_value_error(file: str, occurrence: Occurrence, missing: tuple[External, ...],
+                        conditional: bool = False) -> InputError:
+    """One message naming the file, line, flag and the outside value, with the fix."""
+    names = list(dict.fromkeys([d for e in missing for d in e.deciders] +
+                               [e.name for e in missing if e.settable()]))
+    fix = "pass " + " ".join(f"--set {n}=VALUE" for n in names) if names \
+        else "write the value into the file"
+    what = "is passed only if a condition holds that reads" if conditional else \
+        "takes its value from"
+    return InputError(f"{occurrence.flag} {what} {missing[0].describe()}, and the audit "
+                      f"needs it; {fix}", file=file, line=occurrence.line, key=occurrence.flag)
+
+
+@dataclass
+class Translation:
+    mapping: YamlMap
+    notes: list[SourceNote]
+    flag_of: dict[str, str]  # field -> flag
+
+
+class Translator:
+    def __init__(self, argv: Argv, file: str) -> None:
+        self.file = file
+        self.mapping = YamlMap(line=1)
+        self.flag_of: dict[str, str] = {}  # field -> the flag that set it, for messages
+        self.notes: list[SourceNote] = []
+        # argparse: the last occurrence of a flag wins.
+        self.last: dict[str, Occurrence] = {}
+        for occurrence in argv.occurrences:
+            self.last.pop(occurrence.flag, None)
+            self.last[occurrence.flag] = occurrence
+        self.loose = argv.loose
+        self.modelled = flags.modelled_flags()
+
+    # --- helpers ---------------------------------------------------------------------------
+    def set(self, field: str, value: Any, line: int | None, flag: str) -> None:
+        self.mapping[field] = value
+        self.mapping.key_lines[field] = line
+        self.flag_of[field] = flag
+
+    def note(self, message: str, line: int | None, key: str | None) -> None:
+        self.notes.append(SourceNote(message, line, key))
+
+    def needed(self, occurrence: Occurrence) -> list[str]:
+        """The occurrence's values, all known; otherwise an InputError (the audit needs them)."""
+        if occurrence.word.condition:
+            raise missing_value_error(self.file, occurrence, occurrence.word.condition, True)
+        for value in occurrence.values:
+            if value.depends_on():
+                raise missing_value_error(self.file, occurrence, value.depends_on(),
+                                          conditional=not value.unknown)
+        return [value.text for value in occurrence.values]
+
+    def given(self, flag: str) -> bool:
+        return flag in self.last
+
+    # --- the translation -------------------------------------------------------------------
+    def run(self) -> Translation:
+        self.check_transformer_impl()
+        for flag, occurrence in sorted(self.last.items(), key=lambda kv: kv[1].line or 0):
+            if flag in self.modelled:
+                self.apply_modelled(occurrence, self.modelled[flag])
+            self.classify(occurrence)
+        self.apply_special()
+        self.check_required()
+        self.note_loose_words()
+        return Translation(self.mapping, self.notes, self.flag_of)
+
+    def check_transformer_impl(self) -> None:
+        occurrence = self.last.get("--transformer-impl")
+        if occurrence and self.needed(occurrence) == ["local"]:
+            raise InputError("transformer-impl local: no TE modules, nothing to audit",
+                             file=self.file, line=occurrence.line, key="--transformer-impl")
+
+    def apply_modelled(self, occurrence: Occurrence, spec: flags.Modelled) -> None:
+        if occurrence.flag == "--num-query-groups" and not self.given("--group-query-attention"):
+            return  # upstream ignores it without --group-query-attention
+        if occurrence.flag == "--vocab-size" and self.given("--padded-vocab-size"):
+            return
+        values = self.needed(occurrence)
+        if spec.convert is None:
+            self.set(spec.field, spec.value, occurrence.line, occurrence.flag)
+            return
+        if not values:
+            raise InputError("expects a value", file=self.file, line=occurrence.line,
+                             key=occurrence.flag)
+        try:
+            value = [spec.convert(v) for v in values] if spec.many else spec.convert(values[0])
+        except ValueError as exc:
+            raise InputError(str(exc), file=self.file, line=occurrence.line,
+                             key=occurrence.flag) from None
+        if occurrence.flag == "--recompute-granularity" and self.given("--recompute-activations"):
+            return  # validate_args: --recompute-activations wins
+        self.set(spec.field, value, occurrence.line, occurrence.flag)
+
+    def classify(self, occurrence: Occurrence) -> None:
+        flag = occurrence.flag
+        note = flags.note_for(flag)
+        if note is not None:
+            if note.requires and not self.given(note.requires):
+                return
+            texts = [v.text if v.known else "<unknown>" for v in occurrence.values]
+            if note.when is not None and all(v.known for v in occurrence.values) \
+                    and not note.when(texts):
+                return
+            shown = f"{flag} {short_repr(' '.join(texts), 40)[1:-1]}".rstrip()
+            self.note(f"{shown}: {note.why}", occurrence.line, flag)
+        elif flag not in UPSTREAM_FLAGS and flag not in self.modelled:
+            self.note(f"{flag}: not an option of Megatron-LM's training parser (commit "
+                      f"{PARSER_COMMIT[:8]}); the audit ignores it", occurrence.line, flag)
+
+    def apply_special(self) -> None:
+        gqa = self.last.get("--group-query-attention")
+        if gqa is not None and "num_query_groups" in MODELLED_FIELDS:
+            self.needed(gqa)
+            if "num_query_groups" not in self.mapping:
+                self.set("num_query_groups", 1, gqa.line, gqa.flag)  # the parser's default
+        recompute = self.last.get("--moe-layer-recompute")
+        if recompute is not None and {"recompute_granularity", "recompute_modules"} <= MODELLED_FIELDS:
+            self.needed(recompute)
+            if self.mapping.get("recompute_granularity") == "full":
+                raise InputError("cannot be combined with full recompute (TransformerConfig "
+                                 "rejects it)", file=self.file, line=recompute.line,
+                                 key="--moe-layer-recompute")
+            modules = list(self.mapping.get("recompute_modules") or ["core_attn"])
+            self.set("recompute_granularity", "selective", recompute.line, recompute.flag)
+            self.set("recompute_modules", modules + (["moe"] if "moe" not in modules else []),
+                     recompute.line, recompute.flag)
+        self.fill_ffn_default()
+        fsdp = self.last.get("--use-megatron-fsdp")
+        if fsdp is not None and "data_parallel_sharding_strategy" in MODELLED_FIELDS \
+                and "data_parallel_sharding_strategy" not in self.mapping:
+            # The CLI default differs from the config dataclass's: full sharding.
+            self.set("data_parallel_sharding_strategy", "optim_grads_params", fsdp.line,
+                     fsdp.flag)
+
+    def fill_ffn_default(self) -> None:
+        """validate_args: with SwiGLU the default FFN width is 2/3 of 4h, rounded to 64."""
+        gated = self.mapping.get("gated_linear_unit")
+        hidden = self.mapping.get("hidden_size")
+        if gated and "ffn_hidden_size" not in self.mapping and isinstance(hidden, int):
+            width = int((4 * hidden * 2 / 3) / 64) * 64
+            if width >= 1:
+                self.set("ffn_hidden_size", width, self.mapping.key_lines["gated_linear_unit"],
+                         self.flag_of["gated_linear_unit"])
+
+    def check_required(self) -> None:
+        for flag in REQUIRED_FLAGS:
+            if flag in self.last:
+                continue
+            features = sorted({name for f, name in _STACK_FEATURES.items() if self.given(f)})
+            if features and flag == "--num-layers":
+                raise InputError(f"{features[0]} are not modelled and {flag} is not given: "
+                                 f"nothing to audit", file=self.file, key=flag)
+            raise InputError(f"required flag {flag} is not set (Megatron requires it); "
+                             f"add it to the file", file=self.file, key=flag)
+
+    def note_loose_words(self) -> None:
+        seen: set[str] = set()
+        for word in self.loose:
+            for external in word.unknown:
+                if external.name in seen:
+                    continue
+                seen.add(external.name)
+                fix = f" (set it with --set {external.name}=...)" if external.settable() else ""
+                self.note(f"{external.display()} may add flags the audit cannot see "
+                          f"({external.why}){fix}", word.line, external.display())
+
+
+def translate(argv: Argv, file: str) -> Translation:
+    return Translator(argv, file).run()
+

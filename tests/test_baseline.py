@@ -1,0 +1,167 @@
+"""Baselines (--write-baseline / --baseline) and `# qaudit: ignore[RULE]` comments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from qaudit import cli
+from qaudit.baseline import (apply_baseline, apply_comments, baseline_text, finding_key,
+                             fingerprint, load_baseline)
+from qaudit.errors import InputError
+from qaudit.render.load import report_from_dict
+from qaudit.report import Finding
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+FAILING = "gpt-mtp-fp8-mtp-bf16"
+
+
+def golden(example: str = FAILING):
+    return report_from_dict(json.loads((GOLDEN / f"{example}.json").read_text()))
+
+
+def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["qaudit", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def test_fingerprint_ignores_lines_and_files_but_not_rule_module_or_entry():
+    f = Finding("QA001", "error", "mtp.layers.0.eh_proj", "mtp.layers.0.eh_proj: x", "a.yaml", 8)
+    assert fingerprint(f) == fingerprint(replace(f, line=30, file="b.yaml", message="changed"))
+    assert fingerprint(f) != fingerprint(replace(f, module="mtp.layers.1.eh_proj"))
+    assert fingerprint(f) != fingerprint(replace(f, rule="QA003"))
+    m = Finding("QA010", "warning", None, "matcher 'attention' has no 'enabled: true'", "r.yaml", 7)
+    assert finding_key(m) == "'attention'"
+    assert fingerprint(m) == fingerprint(replace(m, line=9))
+    assert fingerprint(m) != fingerprint(replace(m, message="matcher 'mlp' has no 'enabled'"))
+    n = Finding("QA090", "warning", None, "recompute at line 12 is not modelled", "c.yaml", 12)
+    assert fingerprint(n) == fingerprint(replace(n, message="recompute at line 14 is not modelled"))
+
+
+def test_baseline_round_trip_reports_only_new_findings(tmp_path):
+    report = golden()
+    path = tmp_path / "baseline.json"
+    path.write_text(baseline_text(report))
+    data = json.loads(path.read_text())
+    assert data["schema"] == "qaudit-baseline/1" and len(data["findings"]) == 10
+    assert all("line" not in entry for entry in data["findings"])
+    accepted = load_baseline(str(path))
+    filtered = apply_baseline(report, accepted)
+    assert filtered.findings == [] and len(filtered.suppressed) == 10
+    assert filtered.exit_code() == 0
+    assert {f.suppression for f in filtered.suppressed} == {"baseline"}
+    # a new finding is reported, and only it counts
+    extra = Finding("QA001", "error", "output_layer", "output_layer: x", "c.yaml", 3)
+    grown = replace(report, findings=report.findings + [extra])
+    filtered = apply_baseline(grown, accepted)
+    assert filtered.findings == [extra] and filtered.exit_code() == 1
+    # rewriting the baseline from a filtered report keeps the accepted ones
+    again = json.loads(baseline_text(filtered))
+    assert len(again["findings"]) == 11
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{", "invalid JSON"),
+    ('{"schema": "other"}', "not a qaudit baseline"),
+    ('{"schema": "qaudit-baseline/1", "findings": [{}]}', "fingerprint"),
+])
+def test_bad_baseline_file_is_an_input_error(tmp_path, text, message):
+    path = tmp_path / "b.json"
+    path.write_text(text)
+    with pytest.raises(InputError, match=message):
+        load_baseline(str(path))
+    with pytest.raises(InputError, match="not found"):
+        load_baseline(str(tmp_path / "missing.json"))
+
+
+def test_ignore_comment_on_the_line_or_above(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("matchers:\n"
+                      "  a: {pattern: x}  # qaudit: ignore[QA010]\n"
+                      "  # qaudit: ignore\n"
+                      "  b: {pattern: y}\n"
+                      "  c: {pattern: z}  # qaudit: ignore[QA011]\n")
+    findings = [Finding("QA010", "warning", None, "matcher 'a'", str(recipe), 2),
+                Finding("QA011", "warning", None, "matcher 'b'", str(recipe), 4),
+                Finding("QA010", "warning", None, "matcher 'c'", str(recipe), 5),
+                Finding("QA010", "warning", None, "no file", None, None)]
+    report = replace(golden(), findings=findings)
+    kept = apply_comments(report)
+    assert [f.message for f in kept.findings] == ["matcher 'c'", "no file"]
+    assert [f.suppression for f in kept.suppressed] == ["comment", "comment"]
+
+
+def test_cli_baseline_with_shifted_lines(tmp_path, monkeypatch, capsys):
+    """End to end: record today's findings, move every line down, only new findings count."""
+    config = tmp_path / "model.yaml"
+    source = (REPO / "configs" / f"{FAILING}.yaml").read_text()
+    recipe = REPO / "configs" / "recipes" / "mtp-bf16.yaml"
+    config.write_text(source.replace("quant_recipe: recipes/mtp-bf16.yaml",
+                                     f"quant_recipe: {recipe}"))
+    monkeypatch.chdir(tmp_path)
+    baseline = tmp_path / "qaudit-baseline.json"
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",
+                                  "--write-baseline", str(baseline), "--format", "json")
+    assert code == 1 and len(json.loads(baseline.read_text())["findings"]) == 10
+
+    config.write_text("# a comment that moves every line\n\n" + config.read_text())
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",
+                                  "--baseline", str(baseline), "--format", "json")
+    data = json.loads(out)
+    assert code == 0 and data["findings"] == [] and len(data["suppressed"]) == 10
+    assert data["summary"] == {"error": 0, "warning": 0, "info": 0} and data["exit_code"] == 0
+
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",
+                                  "--baseline", str(baseline))
+    assert code == 0 and "10 finding(s) suppressed" in out
+    assert out.rstrip().endswith("0 error(s), 0 warning(s), 10 suppressed   exit 0")
+
+
+def test_cli_bad_baseline_exits_2_before_auditing(tmp_path, monkeypatch, capsys):
+    def never(*args, **kwargs):
+        raise AssertionError("audited despite a bad baseline")
+
+    monkeypatch.setattr("qaudit.audit.audit_files", never)
+    monkeypatch.chdir(REPO)
+    (tmp_path / "b.json").write_text("[]")
+    code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                    "--baseline", str(tmp_path / "b.json"))
+    assert (code, out) == (2, "") and "not a qaudit baseline" in err
+    code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                    "--write-baseline", str(tmp_path / "no" / "b.json"))
+    assert (code, out) == (2, "") and "does not exist" in err
+
+
+def test_suppressed_findings_appear_in_sarif_as_suppressed():
+    from qaudit.render import render
+
+    report = golden()
+    path_free = apply_baseline(report, __import__("collections").Counter(
+        {fingerprint(report.findings[0]): 1}))
+    sarif = json.loads(render(path_free, path_free.exit_code(), "sarif"))
+    results = sarif["runs"][0]["results"]
+    assert len(results) == 10
+    suppressed = [r for r in results if "suppressions" in r]
+    assert len(suppressed) == 1 and suppressed[0]["suppressions"][0]["kind"] == "external"
+
+
+def test_write_baseline_subprocess_is_stable(tmp_path):
+    """Same inputs, same baseline bytes (no timestamps, sorted)."""
+    args = [sys.executable, "-m", "qaudit", "check", "configs/gpt-mtp-bf16.yaml", "--policy",
+            "legacy", "--format", "json"]
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    for target in (first, second):
+        result = subprocess.run(args + ["--write-baseline", str(target)], cwd=REPO,
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 1, result.stderr
+    assert first.read_bytes() == second.read_bytes()
+    assert str(tmp_path) not in first.read_text()

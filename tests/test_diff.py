@@ -1,0 +1,96 @@
+"""`qaudit diff BASE HEAD`: only what changes; exit 1 when the head introduces an error."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qaudit import cli
+from qaudit.diff import diff_reports, render_diff
+from qaudit.render.load import report_from_dict
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def golden(example: str):
+    return report_from_dict(json.loads((GOLDEN / f"{example}.json").read_text()))
+
+
+def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["qaudit", *args])
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def test_repeated_mtp_layer_diff_shows_only_mtp_and_new_errors():
+    base, head = golden("deepseek-v3-mtp-fp8-per-depth"), golden("deepseek-v3-mtp-fp8")
+    result = diff_reports(base, head)
+    changed = {m.name for m in result.modules if m.status == "changed"}
+    removed = {m.name for m in result.modules if m.status == "removed"}
+    assert changed == {n for n in (m.name for m in head.modules) if n.startswith("mtp.layers.0.")}
+    assert removed == {m.name for m in base.modules if m.name.startswith("mtp.layers.1.")}
+    assert not any(m.name.startswith("decoder.") for m in result.modules)
+    eh = next(m for m in result.modules if m.name == "mtp.layers.0.eh_proj")
+    assert eh.changes == {"calls_per_microbatch": (1, 2), "verdict": ("ok", "QA001")}
+    assert len(result.new) == len(changed) and result.fixed == []
+    assert {f.module for f in result.new} == changed and result.exit_code() == 1
+    reverse = diff_reports(head, base)
+    assert len(reverse.fixed) == len(changed) and reverse.new == [] and reverse.exit_code() == 0
+
+
+def test_identical_reports_have_no_changes():
+    report = golden("moe-mxfp8")
+    result = diff_reports(report, report)
+    assert result.modules == [] and result.new == [] and result.exit_code() == 0
+    assert "no module changes" in render_diff(result, 0, "table")
+
+
+@pytest.mark.parametrize("fmt,suffix", [("table", ".txt"), ("markdown", ".md"),
+                                        ("json", ".json")])
+def test_diff_of_json_reports_matches_golden(monkeypatch, capsys, fmt, suffix):
+    code, out, err = run_in_process(monkeypatch, capsys, "diff",
+                                    "tests/golden/deepseek-v3-mtp-fp8-per-depth.json",
+                                    "tests/golden/deepseek-v3-mtp-fp8.json", "--format", fmt)
+    assert code == 1, err
+    assert out == (GOLDEN / f"diff-deepseek-per-depth-to-repeated{suffix}").read_text()
+
+
+def test_diff_table_fits_80_columns():
+    text = (GOLDEN / "diff-deepseek-per-depth-to-repeated.txt").read_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "mtp.layers.1.mtp_model_layer.mlp.experts.linear_fc1" in text
+    assert re.search(r"^new findings \(\d+\):$", text, re.M)
+
+
+def test_diff_of_two_configs_end_to_end():
+    """Audits both YAML files: BF16 repeated MTP passes; forcing FP8 + BF16 MTP introduces errors."""
+    result = subprocess.run([sys.executable, "-m", "qaudit", "diff", "configs/gpt-mtp-bf16.yaml",
+                             "configs/gpt-mtp-fp8-mtp-bf16.yaml", "--format", "json"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stderr
+    data = json.loads(result.stdout)
+    assert data["schema"] == "qaudit-diff/1" and data["exit_code"] == 1
+    names = {m["name"] for m in data["modules"]}
+    assert "mtp.layers.0.eh_proj" in names and "output_layer" not in names
+    decoder = next(m for m in data["modules"] if m["name"].startswith("decoder."))
+    assert decoder["changes"]["precision"] == {"base": "bf16", "head": "fp8/tensorwise"}
+    assert {f["rule"] for f in data["findings"]["new"]} == {"QA001", "QA003"}
+
+
+def test_diff_bad_input_exits_2(monkeypatch, capsys, tmp_path):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"schema": "something-else"}')
+    code, out, err = run_in_process(monkeypatch, capsys, "diff", str(bad), str(bad))
+    assert (code, out) == (2, "") and "not a qaudit JSON report" in err
+    code, out, err = run_in_process(monkeypatch, capsys, "diff", "configs/nope.yaml",
+                                    "configs/gpt-small-bf16.yaml")
+    assert (code, out) == (2, "") and "configs/nope.yaml" in err

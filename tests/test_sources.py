@@ -1,0 +1,395 @@
+"""Launch scripts and MODEL_ARGS files as model configs (qaudit.sources)."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from qaudit import cli
+from qaudit.audit import AuditOptions, audit_files, load_inputs
+from qaudit.errors import InputError
+from qaudit.sources import megatron_flags
+from qaudit.sources.listexpr import parse_list_expression
+from qaudit.sources.upstream_flags import UPSTREAM_FLAGS
+
+FAST = AuditOptions(steps=1, microbatches=1)
+SOURCES = Path(__file__).resolve().parents[1] / "qaudit" / "sources"
+
+
+@pytest.fixture
+def write(tmp_path: Path):
+    def write(name: str, text: str) -> str:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text).lstrip("\n"))
+        return str(path)
+    return write
+
+
+def load(path: str, **variables: str):
+    return load_inputs(path, None, variables)[0]
+
+
+# --- one model, three spellings --------------------------------------------------------------
+
+TRANSFORMER_CONFIG = """
+num_layers: 4
+hidden_size: 64
+ffn_hidden_size: 128
+num_attention_heads: 4
+num_query_groups: 2
+gated_linear_unit: true
+num_moe_experts: 4
+moe_ffn_hidden_size: 32
+moe_layer_freq: [0, 1, 1, 1]
+moe_grouped_gemm: true
+moe_router_topk: 2
+mtp_num_layers: 2
+mtp_use_repeated_layer: true
+fp8: hybrid
+fp8_recipe: tensorwise
+share_embeddings_and_output_weights: false
+"""
+
+MODEL_ARGS = """
+ENV_VARS:
+  LAYERS: 4
+MODEL_ARGS:
+  --num-layers: ${LAYERS}
+  --hidden-size: 64
+  --ffn-hidden-size: 128
+  --num-attention-heads: 4
+  --group-query-attention: true
+  --num-query-groups: 2
+  --swiglu: true
+  --num-experts: 4
+  --moe-ffn-hidden-size: 32
+  --moe-layer-freq: ([0]*1+[1]*3)
+  --moe-grouped-gemm: true
+  --moe-router-topk: 2
+  --mtp-num-layers: 2
+  --mtp-use-repeated-layer: true
+  --fp8-format: hybrid
+  --fp8-recipe: tensorwise
+  --untie-embeddings-and-output-weights: true
+  --data-path: ${DATA_PATH}/text_document
+  --lr: 0.0001
+"""
+
+LAUNCH_SCRIPT = """
+#!/bin/bash
+# the same model as a launch script
+NUM_LAYERS=${NUM_LAYERS:-4}
+DTYPE="fp8"
+GPUS=$((2 * 4))
+
+MODEL_ARGS=(
+    --num-layers $NUM_LAYERS
+    --hidden-size $(( 32 * 2 ))   # arithmetic
+    --ffn-hidden-size 128
+    --num-attention-heads 4 --group-query-attention --num-query-groups 2
+    --swiglu
+)
+MOE_ARGS=(--num-experts 4 --moe-ffn-hidden-size 32 "--moe-layer-freq" '[0]*1+[1]*3'
+          --moe-grouped-gemm --moe-router-topk 2)
+if [[ "$DTYPE" == "fp8" ]]; then
+    MODEL_ARGS+=("--fp8-format hybrid" "--fp8-recipe tensorwise")
+fi
+torchrun --nproc_per_node $GPUS pretrain_gpt.py \\
+    ${MODEL_ARGS[@]} \\
+    "${MOE_ARGS[@]}" \\
+    --mtp-num-layers 2 --mtp-use-repeated-layer \\
+    --untie-embeddings-and-output-weights \\
+    --save "$CHECKPOINT_DIR" --lr 1e-4 2>&1 | tee log.txt
+"""
+
+
+def test_same_model_three_ways_gives_identical_module_rows(write):
+    rows = []
+    for name, text in (("model.yaml", TRANSFORMER_CONFIG), ("model_config.yaml", MODEL_ARGS),
+                       ("train.sh", LAUNCH_SCRIPT)):
+        report = audit_files(write(name, text), None, FAST)
+        rows.append(json.dumps(report.to_dict()["modules"], sort_keys=True))
+        assert report.exit_code() == 1  # repeated MTP under fp8: QA001
+    assert rows[0] == rows[1] == rows[2]
+    assert '"mtp.layers.0.eh_proj"' in rows[0] and "fp8/tensorwise" in rows[0]
+
+
+def test_fields_keep_the_line_of_their_flag(write):
+    config = load(write("train.sh", LAUNCH_SCRIPT))
+    lines = config.source.mapping.key_lines
+    assert (lines["num_layers"], lines["hidden_size"], lines["fp8"]) == (8, 9, 17)
+    assert lines["mtp_use_repeated_layer"] == 22  # a flag written in the torchrun command
+    assert config.line_of("moe_layer_freq") == 14
+    config = load(write("model_config.yaml", MODEL_ARGS))
+    assert config.line_of("num_layers") == 4 and config.line_of("fp8") == 18
+
+
+# --- list expressions ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ("([0]*3+[1]*12)", [0] * 3 + [1] * 12),
+    ("[0]*1+[1]*15", [0] + [1] * 15),
+    ("([1]*3+[0]*1)*2", [1, 1, 1, 0, 1, 1, 1, 0]),
+    ("[0, 1,1]", [0, 1, 1]),
+    ("2*[1]+[0]", [1, 1, 0]),
+    (" ( [1] * 2 ) ", [1, 1]),
+])
+def test_list_expressions(text, expected):
+    assert parse_list_expression(text) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "__import__('os').system('true')", "[0]*3+", "[0.5]*2", "[-1]*2", "[]", "[0]*n",
+    "[0]*3 if True else [1]", "[x for x in range(3)]", "[0]*10**9", "[0]*99999999", "()",
+    "[0]*3+[1]*12)", "([0]*3", "'[0]'*3", "[0]*3;", "0x1*[1]",
+])
+def test_list_expressions_reject_anything_else(text):
+    with pytest.raises(ValueError, match="not a list expression"):
+        parse_list_expression(text)
+
+
+def test_bad_layer_freq_names_the_flag_and_line(write):
+    path = write("t.sh", "python pretrain_gpt.py --num-layers 2 --hidden-size 8 \\\n"
+                         "  --num-attention-heads 2 --num-experts 2 --moe-layer-freq '[1]*2+os'\n")
+    with pytest.raises(InputError, match=r"--moe-layer-freq.*not a list expression") as info:
+        load(path)
+    assert info.value.line == 2
+
+
+# --- bash ------------------------------------------------------------------------------------
+
+BASE = "--hidden-size 64 --num-attention-heads 4"
+
+
+def test_defaults_arithmetic_conditionals_and_continuations(write):
+    path = write("t.sh", f"""
+        #!/usr/bin/env bash
+        set -euo pipefail
+        LAYERS=${{LAYERS:-6}}           # environment default
+        : "${{EXPERTS:=8}}"             # assigning default
+        TOPK=$(( EXPERTS / 4 ))
+        PRECISION=${{1:-bf16}}          # script argument with a default
+        if [ "$PRECISION" = "fp8" ]; then
+            QUANT="--fp8-format e4m3"
+        elif [[ $PRECISION == bf* && $TOPK -ge 2 ]]; then
+            QUANT="--no-gradient-accumulation-fusion"
+        else
+            QUANT="--fp4-format e2m1"
+        fi
+        case "$LAYERS" in
+            6|12) FREQ=2 ;;
+            *) FREQ=1 ;;
+        esac
+        [ -z "$UNSET_THING" ] || exit 1
+        ARGS="--num-layers $LAYERS \\
+              --num-experts $EXPERTS --moe-router-topk $TOPK --moe-layer-freq $FREQ"
+        torchrun pretrain_gpt.py $ARGS $QUANT {BASE}
+    """)
+    config = load(path)
+    assert (config.num_layers, config.num_moe_experts, config.moe_router_topk) == (6, 8, 2)
+    assert config.moe_layer_freq == 2 and config.fp8 is None and config.fp4 is None
+    assert config.gradient_accumulation_fusion is False
+    assert config.line_of("num_moe_experts") == 20  # inside the continued string
+    config = load(path, **{"1": "fp8", "LAYERS": "4"})
+    assert (config.fp8, config.num_layers, config.moe_layer_freq) == ("e4m3", 4, 1)
+
+
+def test_quotes_comments_and_flag_equals_value(write):
+    config = load(write("t.sh", f"""
+        # python pretrain_gpt.py --num-layers 99   (a comment, not a launch)
+        ARGS=( '--num-layers' "2" --fp8-format=hybrid --fp8-recipe "mxfp8" )
+        uv run python -m torch.distributed.run --nnodes 1 train/pretrain_gpt.py "${{ARGS[@]}}" \\
+            {BASE} # trailing comment --num-layers 5
+    """))
+    assert (config.num_layers, config.fp8, config.fp8_recipe) == (2, "hybrid", "mxfp8")
+
+
+def test_argument_files_without_a_launch_use_the_flag_variables(write):
+    config = load(write("conf.sh", f"""
+        TOKENIZER=some/model
+        MODEL_ARGS=" \\
+            --num-layers 3 \\
+            {BASE} \\
+            --moe-layer-freq [0]*1+[1]*2 \\
+            --num-experts 4 \\
+        "
+        EXTRA_ARGS="--mtp-num-layers 1"
+    """))
+    assert config.num_layers == 3 and config.moe_layer_freq == [0, 1, 1]
+    assert config.mtp_num_layers == 1 and config.line_of("moe_layer_freq") == 5
+
+
+def test_unset_variable_that_matters_names_file_line_and_variable(write):
+    path = write("train.sh", f"""
+        #!/bin/bash
+        torchrun pretrain_gpt.py {BASE} \\
+            --save $CHECKPOINTS \\
+            --num-layers $NUM_LAYERS
+    """)
+    with pytest.raises(InputError) as info:
+        load(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}:4: key '--num-layers'")
+    assert "$NUM_LAYERS" in message and "--set NUM_LAYERS=VALUE" in message
+    assert "CHECKPOINTS" not in message  # --save does not matter to the audit
+    assert load(path, NUM_LAYERS="3").num_layers == 3
+
+
+def test_value_from_a_command_or_an_undecided_condition(write):
+    path = write("train.sh", f"""
+        LAYERS=$(cat layers.txt)
+        if [ -f fp8.flag ]; then FP8=(--fp8-format hybrid); fi
+        python pretrain_gpt.py {BASE} --num-layers 2 "${{FP8[@]}}"
+    """)
+    with pytest.raises(InputError, match=r":2: key '--fp8-format': .*condition.*filesystem"):
+        load(path)
+    path = write("train2.sh", f"LAYERS=$(cat layers.txt)\npython x.py {BASE} --num-layers $LAYERS\n")
+    with pytest.raises(InputError, match=r"\$LAYERS \(assigned from \$\(cat layers.txt\).*"
+                                         r"--set LAYERS=VALUE"):
+        load(path)
+    assert load(path, LAYERS="5").num_layers == 5
+
+
+def test_script_is_never_executed(write, tmp_path):
+    marker = tmp_path / "executed"
+    path = write("evil.sh", f"""
+        #!/bin/bash
+        NUM=$(rm -rf /)
+        touch {marker}
+        X=`touch {marker}`
+        eval "touch {marker}"
+        Y=$(touch {marker}; echo 2)
+        source {marker}
+        python pretrain_gpt.py {BASE} --num-layers 2 --seq-length $(touch {marker}) \\
+            --lr "$(touch {marker})"
+    """)
+    config = load(path)
+    assert config.num_layers == 2 and not marker.exists()
+    notes = [n.message for n in config.source.notes]
+    assert any(m.startswith("`eval") for m in notes) and any(m.startswith("`source") for m in notes)
+
+
+def test_nothing_in_the_readers_can_run_a_program():
+    forbidden = re.compile(r"\b(subprocess|os\.system|os\.popen|os\.exec\w*|eval\(|exec\(|"
+                           r"(?<!re\.)compile\(|__import__|importlib|pty|shlex)\b")
+    for path in SOURCES.glob("*.py"):
+        assert not forbidden.search(path.read_text()), path
+
+
+def test_unmodelled_flag_becomes_a_qa090_warning(write):
+    path = write("train.sh", f"""
+        python pretrain_gpt.py {BASE} --num-layers 2 \\
+            --overlap-grad-reduce \\
+            --recompute-activations \\
+            --my-custom-flag 3 \\
+            --pipeline-model-parallel-size 1 --cuda-graph-impl none
+    """)
+    report = audit_files(path, None, FAST)
+    warnings = {(f["rule"], f["line"], f["message"].split(":")[0])
+                for f in report.to_dict()["findings"] if f["severity"] == "warning"}
+    assert ("QA090", 2, "--overlap-grad-reduce") in warnings
+    assert ("QA090", 4, "--my-custom-flag") in warnings
+    assert not any(w[2].startswith(("--pipeline", "--cuda-graph", "--recompute")) for w in warnings)
+    assert report.exit_code() == 0
+
+
+def test_transformer_impl_local_exits_2(write, monkeypatch, capsys):
+    path = write("train.sh", f"python pretrain_gpt.py {BASE} --num-layers 2 "
+                             f"--transformer-impl local\n")
+    monkeypatch.setattr(sys, "argv", ["qaudit", "check", path])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 2
+    assert "transformer-impl local: no TE modules, nothing to audit" in capsys.readouterr().err
+
+
+def test_cli_set_option(write, monkeypatch, capsys):
+    path = write("train.sh", f"python pretrain_gpt.py {BASE} --num-layers $N\n")
+    for args, code in ((["--set", "N=2"], 0), ([], 2), (["--set", "not a name=1"], 2)):
+        monkeypatch.setattr(sys, "argv", ["qaudit", "check", path, "--steps", "1",
+                                          "--microbatches", "1", *args])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        assert exit_info.value.code == code, capsys.readouterr()
+    assert "--set expects NAME=VALUE" in capsys.readouterr().err
+
+
+def test_megatron_defaults_that_differ_from_the_dataclass(write):
+    config = load(write("t.sh", f"""
+        python pretrain_gpt.py --num-layers 2 --hidden-size 960 --num-attention-heads 4 \\
+            --group-query-attention --swiglu --use-megatron-fsdp --num-query-groups 4 \\
+            --num-query-groups 2
+    """))
+    assert config.num_query_groups == 2  # last occurrence wins, as in argparse
+    assert config.ffn_hidden_size == 2560  # SwiGLU default: 4h * 2/3 rounded down to 64
+    assert config.data_parallel_sharding_strategy == "optim_grads_params"
+    config = load(write("u.sh", f"python pretrain_gpt.py --num-layers 2 {BASE} "
+                                f"--num-query-groups 2\n"))
+    assert config.num_query_groups == 4  # ignored without --group-query-attention
+
+
+def test_error_from_the_config_names_the_flag(write):
+    path = write("t.sh", f"python pretrain_gpt.py --num-layers 2 {BASE} --num-experts 2 \\\n"
+                         f"  --moe-router-topk 4\n")
+    with pytest.raises(InputError, match=r":2: key '--moe-router-topk': cannot exceed"):
+        load(path)
+
+
+def test_hybrid_or_t5_without_num_layers_is_unsupported(write):
+    path = write("t.sh", "MODEL_ARGS=\"--hybrid-layer-pattern M*M- --hidden-size 8 "
+                         "--num-attention-heads 2\"\n")
+    with pytest.raises(InputError, match="hybrid .Mamba. models are not modelled"):
+        load(path)
+
+
+# --- MODEL_ARGS details ----------------------------------------------------------------------
+
+def test_model_args_placeholders_duplicates_merges_and_lists(write):
+    path = write("model_config.yaml", """
+        ENV_VARS:
+          NVTE_FLAG: 1
+        BASE: &BASE
+          --num-layers: 8
+          --hidden-size: 64
+          --num-attention-heads: 4
+          --fp8-format: e4m3
+        MODEL_ARGS:
+          <<: *BASE
+          --num-layers: 4
+          --fp8-format: ${PRECISION}
+          --hidden-size: 32
+          --hidden-size: 64
+          --recompute-granularity: selective
+          --recompute-modules: "[mlp moe]"
+          --swiglu: false
+          --load: ${CHECKPOINT_LOAD_PATH}
+    """)
+    with pytest.raises(InputError, match=r":11: key '--fp8-format'.*--set PRECISION=VALUE"):
+        load(path)
+    config = load(path, PRECISION="hybrid")
+    assert (config.num_layers, config.hidden_size, config.fp8) == (4, 64, "hybrid")
+    assert config.recompute_modules == ["mlp", "moe"] and config.gated_linear_unit is False
+    assert config.line_of("hidden_size") == 13
+
+
+def test_plain_transformer_config_yaml_is_unchanged(write):
+    config = load(write("c.yaml", TRANSFORMER_CONFIG))
+    assert config.num_layers == 4 and config.source.notes == []
+
+
+# --- the flag table --------------------------------------------------------------------------
+
+def test_flag_table_matches_the_upstream_parser():
+    modelled = megatron_flags.modelled_flags()
+    for flag in list(modelled) + list(megatron_flags.UNMODELLED) + list(megatron_flags.SPECIAL):
+        assert flag in UPSTREAM_FLAGS or flag == "--use-kitchen", flag
+    assert UPSTREAM_FLAGS["--fp8-format"] == ("fp8", "1s")
+    assert UPSTREAM_FLAGS["--no-gradient-accumulation-fusion"][1] == "F"
+    for flag in ("--num-layers", "--mtp-use-repeated-layer", "--fp8-output-proj",
+                 "--first-last-layers-bf16", "--te-precision-config-file"):
+        assert flag in modelled
