@@ -75,19 +75,32 @@ def suggest(config: ModelConfig, recipe: QuantRecipe | None, options, report: Re
         candidates.append(("Megatron's own output layer", replace(config, fp8_output_proj=False),
                            recipe, plain, "precision and speed: the output projection runs "
                            "bf16 instead of mxfp8", "fp8_output_proj: false"))
-    pattern = _bf16_pattern(failing)
-    candidates.append((f"--policy module with {pattern} forced to bf16 (needs Megatron-LM PR #7353)",
-                       replace(config, quant_recipe=config.quant_recipe or "recipe"),
-                       _recipe_forcing_bf16(recipe, pattern, config.file or "recipe.yaml"),
-                       replace(plain, policy="module"),
-                       f"precision/speed: {len(failing)} module(s) run bf16 instead of quantized",
-                       f"configs:\n  {KEEP_BF16}: {{transformer_engine_config_type: "
-                       f"TEQuantizationParams, training_recipe: {{}}}}\nmatchers:   # put first\n"
-                       f"  {KEEP_BF16}: {{type: glob, pattern: \"{pattern}\", config: {KEEP_BF16}, "
-                       "enabled: true}"))
+    if options.policy in ("legacy", "pre-5642"):
+        candidates.append(("a Megatron-LM with PR #6965 (--policy config)", config, recipe,
+                           replace(plain, policy="config"), "none: an upgrade (configs without "
+                           "fp8/fp4/kitchen/recipe pass None and accumulate)",
+                           "# no YAML change: upgrade Megatron-LM"))
+    quantized = [row.name for row in report.modules if row.name in failing and row.precision != "bf16"]
+    if not quantized:
+        candidates.append(("--policy module (needs Megatron-LM PR #7353)", config, recipe,
+                           replace(plain, policy="module"), "none: the modules already run bf16, "
+                           "PR #7353 stops tracking them", "# no YAML change: PR #7353"))
+    else:
+        pattern = _bf16_pattern(failing)
+        candidates.append((f"--policy module with {pattern} forced to bf16 (needs Megatron-LM PR #7353)",
+                           replace(config, quant_recipe=config.quant_recipe or "recipe"),
+                           _recipe_forcing_bf16(recipe, pattern, config.file or "recipe.yaml"),
+                           replace(plain, policy="module"),
+                           f"precision/speed: {len(quantized)} module(s) run bf16 instead of quantized",
+                           f"configs:\n  {KEEP_BF16}: {{transformer_engine_config_type: "
+                           f"TEQuantizationParams, training_recipe: {{}}}}\nmatchers:   # put first\n"
+                           f"  {KEEP_BF16}: {{type: glob, pattern: \"{pattern}\", config: {KEEP_BF16}, "
+                           "enabled: true}"))
+    any_quantized = any(row.precision not in ("bf16", "-") for row in report.modules)
     candidates.append(("no weight caching", replace(config, disable_parameter_transpose_cache=True),
                        recipe, plain, "speed: every quantized weight is re-quantized on every "
-                       "microbatch (no cached weight or transpose)",
+                       "microbatch (no cached weight or transpose)" if any_quantized else
+                       "none here: no module runs quantized, so nothing is cached",
                        "disable_parameter_transpose_cache: true"))
     candidates.append(("no fused wgrad accumulation", replace(config, gradient_accumulation_fusion=False),
                        recipe, plain, "speed and memory: every weight gradient goes through "
