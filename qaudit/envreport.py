@@ -166,7 +166,7 @@ def collect() -> EnvReport:
         report.te_reason = report.te_reason or te_unavailable_reason()
     else:
         reason = te_unavailable_reason()
-        report.te_usable = False
+        report.te_usable = not reason
         report.te_reason = reason
 
     capability = None
@@ -181,11 +181,13 @@ def collect() -> EnvReport:
         report.recipes_source = ("from GPU 0's compute capability, by TE's rules" if capability
                                  else "no CUDA GPU")
 
-    report.runtimes = {"reference": "available (pure PyTorch, CPU)",
-                       "te": "unavailable: " + (report.te_reason or te_unavailable_reason())}
+    te_reason = report.te_reason or te_unavailable_reason()
+    report.runtimes = {"reference": "available (pure PyTorch, CPU or CUDA)",
+                       "te": "unavailable: " + te_reason if te_reason else "available"}
     report.auto_runtime = _auto_choice()
-    report.auto_reason = ("auto prefers te once that runtime exists and can run here; today "
-                          "it picks reference" if report.auto_runtime == "reference" else "")
+    report.auto_reason = ("auto picks te when Transformer Engine imports and CUDA is visible; "
+                          "here it picks reference" if report.auto_runtime == "reference" else
+                          "auto picks te: Transformer Engine and CUDA are usable")
     return report
 
 

@@ -25,3 +25,15 @@ def write_yaml(tmp_path: Path):
 @pytest.fixture
 def repo_configs() -> Path:
     return CONFIGS
+
+
+@pytest.fixture(autouse=True)
+def _auto_runtime_is_reference(request, monkeypatch):
+    """Golden files and expectations are the reference runtime's: on a machine with TE and
+    CUDA, `--runtime auto` would pick te. Tests marked `gpu` choose their runtime themselves."""
+    if request.node.get_closest_marker("gpu") is None:
+        import importlib.util
+
+        if importlib.util.find_spec("transformer_engine") is not None:
+            monkeypatch.setattr("qaudit.runtime.te_unavailable_reason",
+                                lambda: "pinned to reference for the CPU test suite")

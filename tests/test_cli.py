@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from qaudit import cli
+from cli_helpers import run_in_process
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -18,15 +19,6 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "qaudit", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
-
-
-def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["qaudit", *args])
-    monkeypatch.chdir(REPO)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
 
 
 def test_deepseek_repeated_mtp_example_fails_with_qa001():

@@ -13,6 +13,7 @@ import pytest
 from qaudit import cli
 from qaudit.diff import diff_reports, render_diff
 from qaudit.render.load import report_from_dict
+from cli_helpers import run_in_process
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -20,15 +21,6 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 
 def golden(example: str):
     return report_from_dict(json.loads((GOLDEN / f"{example}.json").read_text()))
-
-
-def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["qaudit", *args])
-    monkeypatch.chdir(REPO)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
 
 
 def test_repeated_mtp_layer_diff_shows_only_mtp_and_new_errors():

@@ -24,6 +24,7 @@ from qaudit.render import FILE_FORMATS, deliver, prepare, render
 from qaudit.render.common import collapse_names, group_rows, repo_relative, short_type
 from qaudit.render.load import report_from_dict
 from qaudit.report import Finding, ModuleRow, Report
+from cli_helpers import run_in_process
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -51,15 +52,6 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-m", "qaudit", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600, env=full_env)
-
-
-def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["qaudit", *args])
-    monkeypatch.chdir(REPO)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
 
 
 @pytest.fixture

@@ -1,0 +1,22 @@
+"""Running the `qaudit` console entry in process, as the tests of the CLI do."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from qaudit import cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run `qaudit ARGS` from the repository root; return exit code, stdout, stderr."""
+    monkeypatch.setattr(sys, "argv", ["qaudit", *args])
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
