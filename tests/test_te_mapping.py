@@ -267,3 +267,48 @@ def test_cli_device_option_exit_codes(monkeypatch, capsys, repo_configs):
     assert code == 2 and out == "" and "--device cpu" in err
     code, out, err = run("--device", "cpu", "--format", "json")
     assert code == 0 and '"runtime": "reference (CPU)"' in out
+
+
+def test_parity_differences_follow_the_documented_tolerances():
+    from qaudit.runtime.parity import Side, differences, outcome
+
+    def make(name, accumulation="overwrite-first", error=0.3, qa001=True, other_error=1e-7):
+        side = Side(name, runtime=name, exit_code=1 if qa001 else 0)
+        verdict = "QA001" if qa001 else "ok"
+        for module, err, q in (("m", error, qa001), ("n", other_error, False)):
+            side.rows[module] = {"precision": "fp8/tensorwise", "recipe": "-", "tracked": "yes",
+                                 "accumulation": accumulation if module == "m" else "accumulate",
+                                 "calls_per_microbatch": 2, "nograd_calls_per_microbatch": 0,
+                                 "verdict": verdict if module == "m" else "ok"}
+            side.errors[module], side.outcomes[module] = err, outcome(err, q)
+        side.findings = [("QA001", "error", "m")] if qa001 else []
+        return side
+
+    assert differences(make("a"), make("b")) == []
+    assert differences(make("a"), make("b", error=0.005)) == [
+        "m: gradient a=lost (grad_rel_error 0.3) b=kept (grad_rel_error 0.005)"]
+    assert differences(make("a"), make("b", accumulation="accumulate")) == [
+        "m: accumulation a='overwrite-first' b='accumulate'"]
+    assert differences(make("a"), make("b", other_error=0.05)) == []  # quantization noise
+    assert differences(make("a"), make("b", other_error=0.5))[0].startswith("n: gradient a=kept")
+    assert differences(make("a"), Side("b", unavailable="needs sm100")) == []
+
+
+def test_gpu_check_runs_what_it_can_and_exits_3_without_te(monkeypatch, tmp_path, capsys, repo_configs):
+    import json
+
+    from qaudit.runtime import parity
+
+    monkeypatch.setattr(parity, "environment", lambda: {
+        "torch": torch.__version__, "torch_cuda": "13.0", "cuda_available": True, "gpu": "Fake GPU",
+        "compute_capability": "9.0", "transformer_engine": None, "te_reason": "TE is not installed"})
+    monkeypatch.setenv("OUT", str(tmp_path))
+    code = parity.main(["--sides", "reference-cpu,te", "--steps", "1", "--microbatches", "1",
+                        str(repo_configs / "gpt-mtp-fp8-mtp-bf16.yaml")])
+    out = capsys.readouterr().out
+    assert code == 3
+    assert "te not checked: TE is not installed" in out and "gpt-mtp-fp8-mtp-bf16" in out
+    result = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert result["exit_code"] == 3 and result["sides"] == ["reference-cpu"]
+    side = result["configs"][0]["sides"]["reference-cpu"]
+    assert side["exit_code"] == 1 and side["gradient_outcome"]["mtp.layers.0.eh_proj"] == "lost"
