@@ -42,6 +42,7 @@ class AuditOptions:
     verify: bool = False  # measure main_grad against an unfused float64 reference
     compare_policies: bool = False
     full_size: bool = False  # real widths instead of shrunk ones
+    rank: int | None = None  # show one pipeline stage only
     # --set NAME=VALUE: values a launch script or MODEL_ARGS file takes from outside.
     variables: tuple[tuple[str, str], ...] = ()
     # --allow-import: import and call the recipes' custom_recipe_factory (Python code the
@@ -128,12 +129,14 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
             recipe=quant_config.name if quant_config else "-",
             tracked=tracked_of(own, module.is_te, rearmed), accumulation=accumulation_of(own),
             calls_per_microbatch=calls_per_microbatch(own, grad=True),
-            nograd_calls_per_microbatch=calls_per_microbatch(own, grad=False)))
+            nograd_calls_per_microbatch=calls_per_microbatch(own, grad=False),
+            stage=module.stage, chunk=module.chunk))
     facts = AuditFacts(
         config=config, recipe=recipe, policy=policy, rows=rows, records=dict(records),
         overwrite_main_grad={m.fqn: any(getattr(p, "overwrite_main_grad", False)
                                         for p in m.weights()[:1]) for m in modules},
         te_modules=[m.fqn for m in modules if m.is_te],
+        match_names={m.fqn: m.match_name for m in modules},
         bindings={m.fqn: (m.matcher, m.quant_config) for m in modules
                   if getattr(m, "quant_config", None) is not None},
         evaluation=options.evaluation, allow_import=options.allow_import,
@@ -236,7 +239,20 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
                     modules=rows, findings=findings)
     if options.compare_policies:
         report.policies = compare_policies(config, recipe, options, rows)
+    if options.rank is not None:
+        _keep_stage(report, config, options.rank)
     return report
+
+
+def _keep_stage(report: Report, config: ModelConfig, stage: int) -> None:
+    """--rank N: the modules of pipeline stage N, and the findings about them or about no module."""
+    stages = config.pipeline_model_parallel_size
+    if not 0 <= stage < stages:
+        raise InputError(f"--rank {stage}: the model has pipeline stages 0..{stages - 1}",
+                         file=config.file, line=config.line_of("pipeline_model_parallel_size"))
+    report.modules = [row for row in report.modules if row.stage == stage]
+    kept = {row.name for row in report.modules}
+    report.findings = [f for f in report.findings if f.module is None or f.module in kept]
 
 
 def compare_policies(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,

@@ -91,6 +91,8 @@ def check(
                                 "an unfused float64 autograd reference (grad_rel_error)."),
     compare_policies: bool = typer.Option(False, "--compare-policies", help="Also audit under "
                                           "legacy, config and module; verdicts per module group."),
+    rank: Optional[int] = typer.Option(None, "--rank", min=0, help="Show one pipeline stage "
+                                       "(default: every stage, each row named by its stage)."),
     full_size: bool = typer.Option(False, "--full-size", help="Build real widths (refused when "
                                    "they cannot fit in memory). Default: shrunk widths, every "
                                    "count kept."),
@@ -127,7 +129,8 @@ def check(
                            runtime=runtime.value, device=device.value if device else None,
                            seed=seed, evaluation=evaluation, verify=verify,
                            compare_policies=compare_policies, variables=variables,
-                           allow_import=allow_import, full_size=full_size)
+                           allow_import=allow_import, full_size=full_size,
+                           rank=rank)
     try:
         report = audit_files(config, recipe, options, suggest=suggest_fixes)
     except InputError as exc:

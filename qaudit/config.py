@@ -62,6 +62,11 @@ class ModelConfig:
     recompute_num_layers: int | None = None
     recompute_modules: list[str] | None = None
     pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
     # Megatron-FSDP (DDP config, not TransformerConfig): optim_grads* sharding sets
     # overwrite_main_grad on the weights (semantics.md §1.3).
     use_megatron_fsdp: bool = False
@@ -260,6 +265,11 @@ _CHECKS: dict[str, Check] = {
     "recompute_num_layers": _optional(_POSITIVE),
     "recompute_modules": _recompute_modules,
     "pipeline_model_parallel_size": _POSITIVE,
+    "virtual_pipeline_model_parallel_size": _optional(_POSITIVE),
+    "num_layers_in_first_pipeline_stage": _optional(_int(0)),
+    "num_layers_in_last_pipeline_stage": _optional(_int(0)),
+    "account_for_embedding_in_pipeline_split": _bool,
+    "account_for_loss_in_pipeline_split": _bool,
     "use_megatron_fsdp": _bool,
     "data_parallel_sharding_strategy": _choice("no_shard", "optim", "optim_grads",
                                                "optim_grads_params"),
@@ -342,16 +352,19 @@ def _validate(config: ModelConfig) -> None:
     if config.fp8_output_proj:
         if not (config.fp8 and config.fp8_recipe == "mxfp8"):
             fail("fp8_output_proj", "needs fp8 with fp8_recipe: mxfp8 (TransformerConfig rejects it)")
-        if config.share_embeddings_and_output_weights:
+        # One stage holds both: the TE head cannot take the embedding's weight. With
+        # pipelining the last stage has its own copy of it.
+        if config.share_embeddings_and_output_weights and config.pipeline_model_parallel_size == 1:
             fail("fp8_output_proj", "a TE output layer cannot use the embedding's weight: set "
                  "share_embeddings_and_output_weights: false")
     if config.fp8 and config.first_last_layers_bf16:
         if config.fp8_recipe == "delayed":
             fail("first_last_layers_bf16", "not supported with fp8_recipe: delayed "
                  "(one autocast covers the whole block); upstream rejects it")
+        per_stage = config.num_layers // config.pipeline_model_parallel_size
         for key in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
-            if getattr(config, key) > config.num_layers:
-                fail(key, f"must be at most num_layers ({config.num_layers})")
+            if getattr(config, key) > per_stage:
+                fail(key, f"must be at most num_layers // pipeline_model_parallel_size ({per_stage})")
     if isinstance(config.moe_layer_freq, list) and len(config.moe_layer_freq) != config.num_layers:
         fail("moe_layer_freq", f"a list needs one entry per layer: {len(config.moe_layer_freq)} "
              f"given, num_layers is {config.num_layers}")
@@ -368,6 +381,9 @@ def _validate(config: ModelConfig) -> None:
         fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
              "recipe together with --te-precision-config-file)")
     _check_build_size(config, fail)
+    from qaudit.megatron.pipeline import pipeline_layout
+
+    pipeline_layout(config)  # raises InputError on a split Megatron would reject
 
 
 # What one audit may build: every layer and every expert is a real module (only widths

@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from qaudit.errors import printable
 from qaudit.precision import precision_label
 from qaudit.probe import CallRecord
 
@@ -25,6 +26,13 @@ class Finding:
     # "confirmed" / "not reproduced" once --verify measured it; None without --verify.
     evidence: str | None = None
 
+    def __post_init__(self) -> None:
+        # Messages quote names from the input (matchers, configs, keys): no renderer may hand
+        # an escape sequence or a carriage return to a terminal. Newlines stay: each renderer
+        # wraps or encodes them (GitHub annotations as %0A).
+        self.message = printable(self.message, keep_newlines=True)
+        self.fix = printable(self.fix, keep_newlines=True)
+
 
 @dataclass
 class ModuleRow:
@@ -39,6 +47,11 @@ class ModuleRow:
     verdict: str = "ok"
     # Relative error of main_grad against an unfused float64 reference (--verify only).
     grad_rel_error: float | None = None
+    stage: int = 0  # pipeline stage and virtual model chunk holding the module
+    chunk: int = 0
+
+    def __post_init__(self) -> None:
+        self.recipe = printable(self.recipe)  # a config name from the recipe file
 
 
 @dataclass

@@ -332,7 +332,7 @@ FIELD_CASES = [
      "first_last", "first_last_layers_bf16", ("delayed",)),
     ("first_last_bf16-too-many", BASE + "fp8: e4m3\nfp8_recipe: mxfp8\nfirst_last_layers_bf16: "
      "true\nnum_layers_at_end_in_bf16: 5\n", "num_layers_at_end", "num_layers_at_end_in_bf16",
-     ("at most num_layers (4)",)),
+     ("at most num_layers // pipeline_model_parallel_size (4)",)),
     ("moe_layer_freq-length", BASE + "num_moe_experts: 4\nmoe_layer_freq: [1, 0, 1]\n",
      "moe_layer_freq", "moe_layer_freq", ("3 given, num_layers is 4",)),
     ("mtp-repeated-without-depths", BASE + "mtp_use_repeated_layer: true\n", "mtp_use_repeated",

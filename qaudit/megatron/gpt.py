@@ -7,6 +7,8 @@ in upstream order: MTP depths first, then the output layer for each depth, then 
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 
@@ -14,6 +16,7 @@ from qaudit.config import ModelConfig
 from qaudit.megatron import wrappers as w
 from qaudit.megatron.dims import Dims
 from qaudit.megatron.layers import Builder, TransformerLayer
+from qaudit.megatron.pipeline import chunk_prefix, is_pipelined, pipeline_layout
 from qaudit.megatron.recompute import checkpointed
 from qaudit.megatron.session import Session
 from qaudit.plan import (decoder_layer_ambient, mtp_ambient, output_layer_ambient,
@@ -21,6 +24,7 @@ from qaudit.plan import (decoder_layer_ambient, mtp_ambient, output_layer_ambien
 from qaudit.recipe import QuantRecipe
 
 MTP_LOSS_SCALING_FACTOR = 0.1
+_DECODER_LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.*)")
 
 
 class TransformerBlock(torch.nn.Module):
@@ -96,19 +100,31 @@ class GPTModel(torch.nn.Module):
         if te_output_layer_enabled(config):
             self.output_layer = b.linear(w.TELMHeadColumnParallelLinear, dims.hidden, dims.vocab)
         else:
-            self.output_layer = w.ColumnParallelLinear(
-                dims.hidden, dims.vocab, config, session,
-                own_weight=not config.share_embeddings_and_output_weights)
-        if config.share_embeddings_and_output_weights:
+            # With pipelining the last stage holds its own copy of a tied weight.
+            tied_here = config.share_embeddings_and_output_weights and not is_pipelined(config)
+            self.output_layer = w.ColumnParallelLinear(dims.hidden, dims.vocab, config, session,
+                                                       own_weight=not tied_here)
+        if config.share_embeddings_and_output_weights and not is_pipelined(config):
             # Megatron marks the tied weight so that DDP adds the embedding's own gradient
             # beside what the fused output-layer wgrad wrote (semantics.md §1.3).
             self.embedding.word_embeddings.weight.zero_out_wgrad = True
         self._armed_modules: list[torch.nn.Module] | None = None
 
     def finish_init(self, recipe: QuantRecipe | None) -> None:
+        """Bind names and recipes as each model chunk's walk does upstream: names are local to
+        the chunk (`decoder.layers.<position in chunk>`), MTP and output on the last chunk."""
+        layout = pipeline_layout(self.config)
+        chunk_of_layer = {layer: chunk for chunk in layout for layer in chunk.layers}
         for fqn, module in self.named_modules():
-            if isinstance(module, w.AuditedModule):
-                module.finish_init(fqn, recipe)
+            if not isinstance(module, w.AuditedModule):
+                continue
+            chunk, local = layout[-1], fqn
+            match = _DECODER_LAYER.match(fqn)
+            if match:
+                chunk = chunk_of_layer[int(match.group(1))]
+                local = f"decoder.layers.{int(match.group(1)) - chunk.first_layer}.{match.group(2)}"
+            module.stage, module.chunk = chunk.stage, chunk.chunk
+            module.finish_init(chunk_prefix(chunk, self.config) + local, recipe, match_name=local)
 
     def audited_modules(self) -> list[w.AuditedModule]:
         return [m for m in self.modules() if isinstance(m, w.AuditedModule)]

@@ -33,7 +33,9 @@ class AuditedModule(torch.nn.Module):
         super().__init__()
         self.config = config
         self.session = session
-        self.fqn = ""
+        self.fqn = ""  # unique row name: the chunk-local name, with a stage prefix if pipelined
+        self.match_name = ""  # the name recipes match: local to the model chunk
+        self.stage = self.chunk = 0
 
     def _record(self, flag: bool | None, inner: torch.nn.Module | None,
                 run: Callable[[], torch.Tensor], ambient: Quant | None = None) -> torch.Tensor:
@@ -59,11 +61,12 @@ class TEWrapper(AuditedModule):
         self.matcher: Matcher | None = None
         self.quant_config: QuantConfig | None = None
 
-    def finish_init(self, fqn: str, recipe: QuantRecipe | None) -> None:
-        """Bind name and recipe after construction, as GPTModel's walk does upstream."""
-        self.fqn = fqn
+    def finish_init(self, fqn: str, recipe: QuantRecipe | None, match_name: str | None = None) -> None:
+        """Bind name and recipe after construction, as GPTModel's walk does upstream; recipes
+        see `match_name`, the name inside the model chunk."""
+        self.fqn, self.match_name = fqn, match_name or fqn
         if recipe is not None:
-            self.matcher = recipe.match(fqn)
+            self.matcher = recipe.match(self.match_name)
             if self.matcher is not None:
                 self.quant_config = recipe.config_for(self.matcher)
 
@@ -152,5 +155,5 @@ class ColumnParallelLinear(AuditedModule):
 
         return self._record(None, None, run)
 
-    def finish_init(self, fqn: str, recipe: QuantRecipe | None) -> None:
-        self.fqn = fqn  # never bound to a recipe: not a TE module
+    def finish_init(self, fqn: str, recipe: QuantRecipe | None, match_name: str | None = None) -> None:
+        self.fqn, self.match_name = fqn, match_name or fqn  # never bound: not a TE module

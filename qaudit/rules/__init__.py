@@ -27,6 +27,11 @@ class AuditFacts:
     te_modules: list[str]  # names of TE modules (the ones recipes can bind), model order
     bindings: dict[str, tuple[Matcher, QuantConfig]]  # module name -> its matcher and config
     evaluation: bool = False
+    # Row name -> the name recipe matchers see (local to its pipeline model chunk).
+    match_names: dict[str, str] = field(default_factory=dict)
+
+    def te_match_names(self) -> list[str]:
+        return [self.match_names.get(name, name) for name in self.te_modules]
     allow_import: bool = False  # --allow-import: custom recipe factories were imported
     custom_factories: dict[str, str] = field(default_factory=dict)  # factory -> what it gave
 

@@ -18,7 +18,7 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
     if facts.recipe is None:
         return
     for matcher in facts.recipe.matchers:
-        if not any(matcher.matches(name) for name in facts.te_modules):
+        if not any(matcher.matches(name) for name in facts.te_match_names()):
             yield Finding("QA011", "warning", None,
                           f"matcher '{matcher.name}' (pattern {matcher.pattern!r}) matches no TE "
                           "module of this model", facts.recipe.file, matcher.line,
@@ -34,7 +34,7 @@ def check_shadowed(facts: AuditFacts) -> Iterable[Finding]:
     if facts.recipe is None:
         return
     for index, matcher in enumerate(facts.recipe.matchers):
-        matched = [name for name in facts.te_modules if matcher.matches(name)]
+        matched = [name for name in facts.te_match_names() if matcher.matches(name)]
         if not matched:
             continue
         winners = {facts.recipe.match(name) for name in matched}

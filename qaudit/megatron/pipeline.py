@@ -1,0 +1,103 @@
+"""Pipeline layouts: which decoder layers each stage and virtual chunk holds (pure, no torch).
+
+Megatron splits `num_layers` over `pipeline_model_parallel_size` stages and, with virtual
+pipelining, each stage into `virtual_pipeline_model_parallel_size` model chunks. Module names
+inside a chunk use the layer's position in that chunk (`decoder.layers.0` exists once per
+chunk), while the first/last BF16 rule uses the global layer index. The embedding lives on the
+first stage; MTP and the output layer on the last chunk of the last stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from qaudit.errors import InputError
+
+if TYPE_CHECKING:  # config.py validates layouts through this module
+    from qaudit.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ModelChunk:
+    stage: int
+    chunk: int
+    first_layer: int  # global 0-based index of the chunk's first decoder layer
+    num_layers: int
+
+    @property
+    def layers(self) -> range:
+        return range(self.first_layer, self.first_layer + self.num_layers)
+
+
+def _stage_counts(config: ModelConfig, stages: int) -> list[int]:
+    """Decoder layers per stage, embedding/loss slots and uneven first/last stages included."""
+    first, last = config.num_layers_in_first_pipeline_stage, config.num_layers_in_last_pipeline_stage
+    if first is not None or last is not None:
+        middle_stages = stages - (first is not None) - (last is not None)
+        rest = config.num_layers - (first or 0) - (last or 0)
+        if rest < 0 or (middle_stages == 0 and rest) or (middle_stages and rest % middle_stages):
+            raise InputError(f"num_layers ({config.num_layers}) minus the first/last stage layers "
+                             f"does not split evenly over {middle_stages} middle stage(s)",
+                             file=config.file, line=config.line_of("num_layers_in_first_pipeline_stage")
+                             or config.line_of("num_layers_in_last_pipeline_stage"),
+                             key="num_layers_in_first_pipeline_stage")
+        each = rest // middle_stages if middle_stages else 0
+        counts = [each] * stages
+        if first is not None:
+            counts[0] = first
+        if last is not None:
+            counts[-1] = last
+        return counts
+    # The embedding and the loss may each take the place of one layer in the split.
+    slots = config.num_layers + config.account_for_embedding_in_pipeline_split \
+        + config.account_for_loss_in_pipeline_split
+    if slots % stages:
+        raise InputError(f"{slots} layers (num_layers plus any embedding/loss slot) do not split "
+                         f"evenly over pipeline_model_parallel_size={stages}", file=config.file,
+                         line=config.line_of("pipeline_model_parallel_size"),
+                         key="pipeline_model_parallel_size")
+    counts = [slots // stages] * stages
+    counts[0] -= config.account_for_embedding_in_pipeline_split
+    counts[-1] -= config.account_for_loss_in_pipeline_split
+    return counts
+
+
+def pipeline_layout(config: ModelConfig) -> list[ModelChunk]:
+    """Every model chunk, in the order a microbatch's forward passes through them."""
+    stages = config.pipeline_model_parallel_size
+    vpp = config.virtual_pipeline_model_parallel_size or 1
+    counts = _stage_counts(config, stages)
+    if vpp == 1:
+        chunks, start = [], 0
+        for stage, count in enumerate(counts):
+            chunks.append(ModelChunk(stage, 0, start, count))
+            start += count
+        return chunks
+    if len(set(counts)) != 1 or config.account_for_embedding_in_pipeline_split \
+            or config.account_for_loss_in_pipeline_split:
+        raise InputError("virtual pipelining with uneven stages (first/last stage sizes or "
+                         "embedding/loss slots) is not modelled yet", file=config.file,
+                         line=config.line_of("virtual_pipeline_model_parallel_size"),
+                         key="virtual_pipeline_model_parallel_size")
+    if counts[0] % vpp:
+        raise InputError(f"{counts[0]} layers per stage do not split into "
+                         f"virtual_pipeline_model_parallel_size={vpp} chunks", file=config.file,
+                         line=config.line_of("virtual_pipeline_model_parallel_size"),
+                         key="virtual_pipeline_model_parallel_size")
+    per_chunk = counts[0] // vpp
+    # Chunk c of stage s holds the (c * stages + s)-th run of per_chunk layers.
+    return [ModelChunk(stage, chunk, (chunk * stages + stage) * per_chunk, per_chunk)
+            for chunk in range(vpp) for stage in range(stages)]
+
+
+def is_pipelined(config: ModelConfig) -> bool:
+    return config.pipeline_model_parallel_size > 1
+
+
+def chunk_prefix(chunk: ModelChunk, config: ModelConfig) -> str:
+    """The row-name prefix that tells equal chunk-local names apart."""
+    if not is_pipelined(config):
+        return ""
+    vpp = config.virtual_pipeline_model_parallel_size or 1
+    return f"stage{chunk.stage}/" if vpp == 1 else f"stage{chunk.stage}.chunk{chunk.chunk}/"
