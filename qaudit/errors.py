@@ -19,7 +19,7 @@ class InputError(Exception):
         if self.file:
             where = self.file + (f":{self.line}" if self.line else "") + ": "
         key = f"key '{_clip(self.key, 80)}': " if self.key else ""
-        return _printable(f"{where}{key}{_clip(self.message, 1000)}")
+        return printable(f"{where}{key}{_clip(self.message, 1000)}")
 
 
 def _clip(text: str, limit: int) -> str:
@@ -30,12 +30,13 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:half]} ... {text[-half:]}"
 
 
-def _printable(text: str) -> str:
-    """One line, safe for a terminal: newlines, escape sequences, bidi overrides escaped."""
+def printable(text: str, keep_newlines: bool = False) -> str:
+    """Safe for a terminal: escape sequences, carriage returns, bidi overrides escaped; one
+    line unless `keep_newlines` (then each renderer shows or encodes the newlines itself)."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-                   for c in text)
+    return "".join(c if c.isprintable() or (keep_newlines and c == "\n")
+                   else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class EnvironmentProblem(Exception):

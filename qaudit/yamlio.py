@@ -88,19 +88,22 @@ class _LineLoader(BoundedSafeLoader):
         return super().compose_node(parent, index)
 
     def construct_object(self, node: Any, deep: bool = False) -> Any:  # noqa: D401 - PyYAML hook
-        """PyYAML's constructors raise plain ValueError/TypeError for some bad scalars (an
-        integer past Python's 4300-digit limit, `!!timestamp 2001-13-45`, a merge key on a
-        scalar); report them at the node's line instead."""
+        """PyYAML's constructors raise plain Python errors for some bad values (an integer past
+        Python's 4300-digit limit, `!!timestamp 2001-13-45`, `!!bool maybe`, `!!map [1, 2]`);
+        report them at the node's line instead."""
         try:
             value = super().construct_object(node, deep=deep)
-        except (ValueError, TypeError, OverflowError) as exc:
+        except (ValueError, TypeError, OverflowError, LookupError, AttributeError) as exc:
             message = str(exc).split("\n", 1)[0]
+            tag = node.tag.replace("tag:yaml.org,2002:", "!!")
             if "integer string conversion" in message:
                 message = "integer with more than 4300 digits"
-            elif isinstance(exc, TypeError):  # e.g. `!!map [1, 2]`
+            elif isinstance(exc, (TypeError, AttributeError)):  # e.g. `!!map [1, 2]`
                 kind = {"MappingNode": "mapping", "SequenceNode": "list"}.get(
                     type(node).__name__, "scalar")
-                message = f"tag {node.tag.replace('tag:yaml.org,2002:', '!!')} does not fit a {kind}"
+                message = f"tag {tag} does not fit a {kind}"
+            elif isinstance(exc, LookupError):  # e.g. `!!bool maybe`
+                message = f"tag {tag} does not accept {short_repr(node.value)}"
             raise InputError(f"invalid YAML value: {message}", file=self.file,
                              line=node.start_mark.line + 1) from None
         if isinstance(value, int) and not isinstance(value, bool) and \

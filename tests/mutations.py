@@ -855,6 +855,8 @@ def check_outcome(outcome: Outcome, files: list[str]) -> list[str]:
         problems.append(f"exit code {outcome.code}")
     if "Traceback" in outcome.stderr or "internal error" in outcome.stderr:
         problems.append("traceback or internal error on stderr")
+    if "\x1b" in outcome.stdout or "\x1b" in outcome.stderr:
+        problems.append("terminal escape sequence from the input reached the output")
     if outcome.code == 2:
         lines = outcome.stderr.splitlines()
         if len(lines) != 1 or not outcome.stderr.endswith("\n"):

@@ -24,9 +24,15 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 
 import mutations as m
 from qaudit.errors import InputError
+
+# Hypothesis keeps caches in ./.hypothesis; keep the working tree clean (database=None below
+# covers the example database, this the rest).
+_HYPOTHESIS_HOME = tempfile.TemporaryDirectory(prefix="qaudit-hypothesis-")
+set_hypothesis_home_dir(_HYPOTHESIS_HOME.name)
 
 BASE = "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
 FP8 = BASE + "fp8: e4m3\nfp8_recipe: tensorwise\n"
@@ -88,11 +94,11 @@ PLANS = st.builds(
 )
 
 
-# ~100 examples: most fail while loading (milliseconds), the rest audit a model of at most
-# 4 layers x 8 experts for one step: ~30-60 s in all. scripts/fuzz runs long campaigns.
+# 150 examples: most fail while loading (milliseconds), the rest audit a model of at most
+# 4 layers x 8 experts for one step: ~15-50 s in all, depending on the machine's load. scripts/fuzz runs long campaigns.
 # derandomize: the same examples on every run (CI stays deterministic); database=None: no
 # .hypothesis folder is written into the working directory.
-@settings(max_examples=100, deadline=None, derandomize=True, database=None,
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(plan=PLANS)
 def test_mutated_inputs_exit_cleanly(plan, marker_dir, monkeypatch_env):
@@ -145,6 +151,8 @@ REGRESSIONS = [
      ("invalid YAML value", "month must be in 1..12")),
     ("map-tag-on-a-list", "num_layers: 4\nhidden_size: !!map [1, 2]\n", 2,
      ("tag !!map does not fit a list",)),
+    ("bool-tag-on-a-word", "num_layers: 4\ngated_linear_unit: !!bool maybe\n", 2,
+     ("tag !!bool does not accept 'maybe'",)),
 ]
 
 
@@ -193,6 +201,11 @@ def test_recipe_option_name_too_long(write_yaml, tmp_path):
     assert "cannot open file" in str(info.value)
 
 
+def test_config_argument_name_too_long(tmp_path):
+    name = str(tmp_path / ("c" * 5000 + ".yaml"))
+    check_one_error_line(cli("check", name), name[:50], "cannot open file", "name too long")
+
+
 def test_error_line_escapes_control_characters_and_stays_short(write_yaml):
     path = write_yaml("cfg.yaml", BASE + '"evil\\n\\u001b[2Jkey": 1\n')
     with pytest.raises(InputError) as info:
@@ -207,6 +220,32 @@ def test_long_key_is_clipped(write_yaml):
     with pytest.raises(InputError) as info:
         load_inputs(path)
     assert len(str(info.value)) < 300 and "unknown field" in str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "github", "sarif"])
+def test_names_from_the_input_cannot_inject_escapes_or_lines(tmp_path, fmt):
+    # A matcher and a config named with a terminal escape and a newline that would start a
+    # GitHub workflow command: findings and rows carry the escape escaped; the GitHub format
+    # encodes the newline.
+    config, recipe = tmp_path / "cfg.yaml", tmp_path / "r.yaml"
+    config.write_text(FP8)
+    recipe.write_text(textwrap.dedent("""\
+        configs:
+          "hp\\e[31m\\n::error::config":
+            transformer_engine_config_type: TEQuantizationParams
+            training_recipe: {}
+        matchers:
+          "evil\\e[2J\\n::error::pwned": {type: glob, pattern: "nothing", config: x}
+          used: {type: glob, pattern: "*linear_proj", config: "hp\\e[31m\\n::error::config", enabled: true}
+        """))
+    code, out, err = cli("check", str(config), "--recipe", str(recipe), "--format", fmt,
+                         "--steps", "1", "--microbatches", "1")
+    assert code == 0, err
+    assert "\x1b" not in out + err
+    if fmt in ("github", "sarif"):  # a newline must not start a workflow command
+        assert not [line for line in (out + err).splitlines()
+                    if line.lstrip().startswith("::error::")]
+    assert "pwned" in out  # still reported (QA010), escaped as each format escapes
 
 
 # --- YAML safety ------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ def load_source_config(path: Path, display: str,
     """The config of a launch script or MODEL_ARGS file; None for any other file (plain
     TransformerConfig YAML, which the caller loads as before)."""
     variables = dict(variables or {})
-    if not path.is_file():
+    if not os.path.isfile(path):  # False, not OSError, for a name too long (read_text says why)
         return None
     if looks_like_launch_script(path.suffix, _first_line(path)):
         text = read_text(path, display)
