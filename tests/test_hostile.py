@@ -506,3 +506,9 @@ def test_a_run_writes_nothing(tmp_path, monkeypatch, text, expected):
                        "--steps", "1", "--microbatches", "1")
     assert code == expected, err
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["cfg.yaml", "cwd", "inputs", "r.yaml"]
+
+
+def test_markdown_never_lets_user_text_start_a_line():
+    from qaudit.render.markdown import escape
+
+    assert "\n" not in escape("matcher\n::error file=x::pwned")

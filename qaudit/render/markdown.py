@@ -18,8 +18,9 @@ _PROSE_SPECIAL = re.compile(r"([\\`*<>|\[\]])")  # `_` is safe inside words (GFM
 
 
 def escape(text: str) -> str:
-    """Plain text as Markdown prose: no accidental emphasis, HTML, links or table breaks."""
-    return _PROSE_SPECIAL.sub(r"\\\1", text)
+    """Plain text as Markdown prose: no accidental emphasis, HTML, links or table breaks, and
+    no newline from user input (a line starting `::` would be a GitHub Actions command)."""
+    return _PROSE_SPECIAL.sub(r"\\\1", " ".join(text.splitlines()))
 
 
 def code(text: str) -> str:
