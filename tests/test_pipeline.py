@@ -40,6 +40,15 @@ def test_embedding_and_loss_take_a_layer_slot():
                   account_for_embedding_in_pipeline_split=True) == [(0, 0, 0, 3), (1, 0, 3, 4)]
 
 
+def test_virtual_chunks_with_embedding_and_loss_slots():
+    # Megatron's pp4 vp2 functional test: 6 layers + 2 slots, one slot per chunk.
+    assert layout(num_layers=6, pipeline_model_parallel_size=4, virtual_pipeline_model_parallel_size=2,
+                  account_for_embedding_in_pipeline_split=True,
+                  account_for_loss_in_pipeline_split=True) == [
+        (0, 0, 0, 0), (1, 0, 0, 1), (2, 0, 1, 1), (3, 0, 2, 1),
+        (0, 1, 3, 1), (1, 1, 4, 1), (2, 1, 5, 1), (3, 1, 6, 0)]
+
+
 def test_uneven_first_and_last_stage():
     assert layout(num_layers=10, pipeline_model_parallel_size=4, num_layers_in_first_pipeline_stage=1,
                   num_layers_in_last_pipeline_stage=1) == [(0, 0, 0, 1), (1, 0, 1, 4), (2, 0, 5, 4), (3, 0, 9, 1)]

@@ -74,21 +74,30 @@ def pipeline_layout(config: ModelConfig) -> list[ModelChunk]:
             chunks.append(ModelChunk(stage, 0, start, count))
             start += count
         return chunks
-    if len(set(counts)) != 1 or config.account_for_embedding_in_pipeline_split \
-            or config.account_for_loss_in_pipeline_split:
-        raise InputError("virtual pipelining with uneven stages (first/last stage sizes or "
-                         "embedding/loss slots) is not modelled yet", file=config.file,
-                         line=config.line_of("virtual_pipeline_model_parallel_size"),
+    if config.num_layers_in_first_pipeline_stage is not None \
+            or config.num_layers_in_last_pipeline_stage is not None:
+        raise InputError("virtual pipelining with uneven first/last stages is not modelled yet",
+                         file=config.file, line=config.line_of("virtual_pipeline_model_parallel_size"),
                          key="virtual_pipeline_model_parallel_size")
-    if counts[0] % vpp:
-        raise InputError(f"{counts[0]} layers per stage do not split into "
+    embedding = int(config.account_for_embedding_in_pipeline_split)
+    loss = int(config.account_for_loss_in_pipeline_split)
+    slots_per_stage = counts[0] + embedding  # counts[0] had the embedding slot taken out
+    if slots_per_stage % vpp:
+        raise InputError(f"{slots_per_stage} layer slots per stage do not split into "
                          f"virtual_pipeline_model_parallel_size={vpp} chunks", file=config.file,
                          line=config.line_of("virtual_pipeline_model_parallel_size"),
                          key="virtual_pipeline_model_parallel_size")
-    per_chunk = counts[0] // vpp
-    # Chunk c of stage s holds the (c * stages + s)-th run of per_chunk layers.
-    return [ModelChunk(stage, chunk, (chunk * stages + stage) * per_chunk, per_chunk)
-            for chunk in range(vpp) for stage in range(stages)]
+    per_chunk = slots_per_stage // vpp
+    # Chunk c of stage s holds the (c * stages + s)-th run of per_chunk slots; the embedding
+    # slot is the very first, the loss slot the very last.
+    chunks, start = [], 0
+    for chunk in range(vpp):
+        for stage in range(stages):
+            count = per_chunk - (embedding if (stage, chunk) == (0, 0) else 0) \
+                - (loss if (stage, chunk) == (stages - 1, vpp - 1) else 0)
+            chunks.append(ModelChunk(stage, chunk, start, count))
+            start += count
+    return chunks
 
 
 def is_pipelined(config: ModelConfig) -> bool:
