@@ -231,7 +231,8 @@ def suppressed_findings(report: Report) -> list[Finding]:
     return list(getattr(report, "suppressed", None) or [])
 
 
-def summary_line(report: Report, exit_code: int) -> str:
+def summary_counts(report: Report) -> str:
+    """`N error(s), N warning(s)[, N info][, N suppressed]`."""
     counts = severity_counts(report)
     parts = [f"{counts['error']} error(s)", f"{counts['warning']} warning(s)"]
     if counts["info"]:
@@ -239,7 +240,11 @@ def summary_line(report: Report, exit_code: int) -> str:
     suppressed = suppressed_findings(report)
     if suppressed:
         parts.append(f"{len(suppressed)} suppressed")
-    return ", ".join(parts) + f"   exit {exit_code}"
+    return ", ".join(parts)
+
+
+def summary_line(report: Report, exit_code: int) -> str:
+    return summary_counts(report) + f"   exit {exit_code}"
 
 
 # --- paths -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import re
 
 from qaudit.render.common import (calls_text, collapse_names, format_error, group_findings,
                                   group_rows, location, severity_counts, short_type,
-                                  suppressed_findings)
+                                  summary_counts, suppressed_findings)
 from qaudit.report import Report
 
 FOLD_ROWS = 15  # more table rows than this go into a <details> block
@@ -41,15 +41,8 @@ def _status(report: Report, exit_code: int) -> str:
 
 
 def summary_line(report: Report, exit_code: int) -> str:
-    counts = severity_counts(report)
-    parts = [f"{counts['error']} error(s)", f"{counts['warning']} warning(s)"]
-    if counts["info"]:
-        parts.append(f"{counts['info']} info")
-    suppressed = suppressed_findings(report)
-    if suppressed:
-        parts.append(f"{len(suppressed)} suppressed")
     return (f"{_status(report, exit_code)} **qaudit {code(report.config)}: "
-            f"{', '.join(parts)}** (exit {exit_code})")
+            f"{summary_counts(report)}** (exit {exit_code})")
 
 
 def _context(report: Report) -> str:
