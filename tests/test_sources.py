@@ -320,7 +320,7 @@ def test_cli_set_option(write, monkeypatch, capsys):
 
 
 def test_megatron_defaults_that_differ_from_the_dataclass(write):
-    config = load(write("t.sh", f"""
+    config = load(write("t.sh", """
         python pretrain_gpt.py --num-layers 2 --hidden-size 960 --num-attention-heads 4 \\
             --group-query-attention --swiglu --use-megatron-fsdp --num-query-groups 4 \\
             --num-query-groups 2
@@ -393,3 +393,19 @@ def test_flag_table_matches_the_upstream_parser():
     for flag in ("--num-layers", "--mtp-use-repeated-layer", "--fp8-output-proj",
                  "--first-last-layers-bf16", "--te-precision-config-file"):
         assert flag in modelled
+
+
+def test_every_modelled_field_has_a_flag():
+    """A field qaudit.config starts modelling needs its Megatron flag in megatron_flags."""
+    from qaudit.config import MODELLED_FIELDS
+    mapped = {spec.field for spec in megatron_flags.modelled_flags().values()}
+    no_flag = {"disable_parameter_transpose_cache"}  # a config field without a CLI flag
+    assert MODELLED_FIELDS - mapped - no_flag == set()
+
+
+def test_multi_latent_attention_gets_the_parser_defaults(write):
+    config = load(write("t.sh", f"python pretrain_gpt.py --num-layers 2 {BASE} "
+                                f"--multi-latent-attention --v-head-dim 64\n"))
+    assert config.multi_latent_attention and config.v_head_dim == 64
+    assert (config.q_lora_rank, config.kv_lora_rank) == (None, 32)  # not MLATransformerConfig's
+    assert config.source.notes == []

@@ -12,8 +12,9 @@ from typing import Mapping
 
 from qaudit.config import SourceNote
 from qaudit.errors import InputError
-from qaudit.sources.shell_eval import Interpreter, Outcome, as_array, to_word
+from qaudit.sources.shell_eval import Interpreter, Outcome
 from qaudit.sources.shell_parser import parse_script
+from qaudit.sources.shell_values import as_array, to_word
 from qaudit.sources.tokens import Word
 from qaudit.sources.upstream_flags import UPSTREAM_FLAGS
 
@@ -32,7 +33,11 @@ def _megatron_flag_count(words: list[Word]) -> int:
 
 def launch_script_words(text: str, file: str,
                         variables: Mapping[str, str]) -> tuple[list[Word], list[SourceNote]]:
-    outcome = Interpreter(file, dict(variables)).run(parse_script(text, file))
+    try:
+        tree = parse_script(text, file)
+    except RecursionError:
+        raise InputError("cannot read the script: nested too deeply", file=file) from None
+    outcome = Interpreter(file, dict(variables)).run(tree)
     notes = list(outcome.notes)
     launches = [launch for launch in outcome.launches if _megatron_flag_count(launch.argv)]
     if launches:

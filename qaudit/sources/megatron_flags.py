@@ -101,12 +101,26 @@ _MODELLED: dict[str, Modelled] = {
     # validate_args turns it into recompute_granularity = 'selective', whatever else was given.
     "--recompute-activations": Modelled("recompute_granularity", value="selective"),
     "--pipeline-model-parallel-size": Modelled("pipeline_model_parallel_size", to_int),
+    "--num-virtual-stages-per-pipeline-rank": Modelled("virtual_pipeline_model_parallel_size",
+                                                       to_int),
+    "--decoder-first-pipeline-num-layers": Modelled("num_layers_in_first_pipeline_stage", to_int),
+    "--decoder-last-pipeline-num-layers": Modelled("num_layers_in_last_pipeline_stage", to_int),
+    "--account-for-embedding-in-pipeline-split": Modelled("account_for_embedding_in_pipeline_split"),
+    "--account-for-loss-in-pipeline-split": Modelled("account_for_loss_in_pipeline_split"),
+    # Multi-latent attention (translate fills the CLI defaults of the two ranks).
+    "--multi-latent-attention": Modelled("multi_latent_attention"),
+    "--q-lora-rank": Modelled("q_lora_rank", to_int),
+    "--kv-lora-rank": Modelled("kv_lora_rank", to_int),
+    "--qk-head-dim": Modelled("qk_head_dim", to_int),
+    "--qk-pos-emb-head-dim": Modelled("qk_pos_emb_head_dim", to_int),
+    "--v-head-dim": Modelled("v_head_dim", to_int),
     "--use-megatron-fsdp": Modelled("use_megatron_fsdp"),
     "--data-parallel-sharding-strategy": Modelled("data_parallel_sharding_strategy", to_str),
 }
 
 # Flags that are not a field copy but still decide modelled fields (handled in translate).
-SPECIAL = frozenset({"--group-query-attention", "--moe-layer-recompute", "--transformer-impl"})
+SPECIAL = frozenset({"--group-query-attention", "--moe-layer-recompute", "--transformer-impl",
+                     "--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout"})
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,8 @@ class Unmodelled:
     when: Callable[[list[str]], bool] | None = None
     # Only noted when this other flag is given too (detail flags of a feature).
     requires: str | None = None
+    # Not noted once qaudit.config models this field (the flag is then in the table above).
+    unless_modelled: str | None = None
 
 
 def _above_one(values: list[str]) -> bool:
@@ -136,32 +152,41 @@ def _not_te(values: list[str]) -> bool:
 _PIPELINE = "pipeline layouts (per-stage layer positions, per-chunk re-arming) are not modelled"
 _MLA = ("multi-latent attention is not modelled: the audit builds standard attention "
         "(linear_qkv/linear_proj) instead of the MLA projections")
+_MLA_FLAG, _MLA_FIELD = "--multi-latent-attention", "multi_latent_attention"
+_VPP = "virtual_pipeline_model_parallel_size"
 _HYBRID = "hybrid (Mamba) layers are not modelled: the audit builds a plain transformer stack"
 _GRAPHS = ("CUDA graphs are not modelled (replays bypass the wrappers; captured backward "
            "accumulates)")
 _OVERLAP = "communication overlap changes when gradients are reduced; not modelled"
 
 UNMODELLED: dict[str, Unmodelled] = {
-    # Pipeline and virtual pipeline (pipeline_model_parallel_size is read by QA017 only).
-    "--pipeline-model-parallel-size": Unmodelled(_PIPELINE, _above_one),
-    "--num-layers-per-virtual-pipeline-stage": Unmodelled(_PIPELINE),
-    "--num-virtual-stages-per-pipeline-rank": Unmodelled(_PIPELINE),
-    "--pipeline-model-parallel-layout": Unmodelled(_PIPELINE),
-    "--decoder-first-pipeline-num-layers": Unmodelled(_PIPELINE),
-    "--decoder-last-pipeline-num-layers": Unmodelled(_PIPELINE),
-    "--account-for-embedding-in-pipeline-split": Unmodelled(_PIPELINE),
-    "--account-for-loss-in-pipeline-split": Unmodelled(_PIPELINE),
-    "--microbatch-group-size-per-virtual-pipeline-stage": Unmodelled(_PIPELINE),
+    # Pipeline and virtual pipeline: modelled once qaudit.config has the layout fields.
+    "--pipeline-model-parallel-size": Unmodelled(_PIPELINE, _above_one, unless_modelled=_VPP),
+    "--num-layers-per-virtual-pipeline-stage": Unmodelled(_PIPELINE, unless_modelled=_VPP),
+    "--num-virtual-stages-per-pipeline-rank": Unmodelled(_PIPELINE, unless_modelled=_VPP),
+    "--decoder-first-pipeline-num-layers": Unmodelled(
+        _PIPELINE, unless_modelled="num_layers_in_first_pipeline_stage"),
+    "--decoder-last-pipeline-num-layers": Unmodelled(
+        _PIPELINE, unless_modelled="num_layers_in_last_pipeline_stage"),
+    "--account-for-embedding-in-pipeline-split": Unmodelled(
+        _PIPELINE, unless_modelled="account_for_embedding_in_pipeline_split"),
+    "--account-for-loss-in-pipeline-split": Unmodelled(
+        _PIPELINE, unless_modelled="account_for_loss_in_pipeline_split"),
+    "--pipeline-model-parallel-layout": Unmodelled(
+        "explicit pipeline layouts are not modelled: the audit runs without pipelining"),
+    "--microbatch-group-size-per-virtual-pipeline-stage": Unmodelled(
+        "the interleaved schedule's microbatch grouping is not modelled"),
     "--mtp-standalone": Unmodelled("MTP placed in its own pipeline stage is not modelled"),
-    # Multi-latent attention and its ranks (the ranks only matter with MLA on).
-    "--multi-latent-attention": Unmodelled(_MLA),
-    "--q-lora-rank": Unmodelled(_MLA, requires="--multi-latent-attention"),
-    "--kv-lora-rank": Unmodelled(_MLA, requires="--multi-latent-attention"),
-    "--qk-head-dim": Unmodelled(_MLA, requires="--multi-latent-attention"),
-    "--qk-pos-emb-head-dim": Unmodelled(_MLA, requires="--multi-latent-attention"),
-    "--v-head-dim": Unmodelled(_MLA, requires="--multi-latent-attention"),
-    "--cache-mla-latents": Unmodelled(_MLA, requires="--multi-latent-attention"),
-    "--mla-down-proj-fusion": Unmodelled(_MLA, requires="--multi-latent-attention"),
+    # Multi-latent attention: modelled when qaudit.config models it (see note_for); the fused
+    # down-projection (linear_qkv_down_proj) is not.
+    "--multi-latent-attention": Unmodelled(_MLA, unless_modelled=_MLA_FIELD),
+    "--q-lora-rank": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
+    "--kv-lora-rank": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
+    "--qk-head-dim": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
+    "--qk-pos-emb-head-dim": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
+    "--v-head-dim": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
+    "--mla-down-proj-fusion": Unmodelled("the fused MLA down-projection (linear_qkv_down_proj) "
+                                         "is not modelled", requires=_MLA_FLAG),
     "--experimental-attention-variant": Unmodelled(
         "experimental attention variants (gated delta net, DSA) build other attention modules; "
         "not modelled"),
@@ -246,7 +271,8 @@ def modelled_flags() -> dict[str, Modelled]:
 
 def note_for(flag: str) -> Unmodelled | None:
     if flag in UNMODELLED:
-        return UNMODELLED[flag]
+        note = UNMODELLED[flag]
+        return None if note.unless_modelled in MODELLED_FIELDS else note
     if flag in _MODELLED and _MODELLED[flag].field not in MODELLED_FIELDS:
         return Unmodelled(f"sets {_MODELLED[flag].field}, which the audit does not model")
     if flag in _EXTRA_NOTES:

@@ -26,7 +26,7 @@ _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-
 _BRACKETED = re.compile(r"^\[[^\]]+\]$")
 # Merge keys can refer to each other; bound the expansion ("billion laughs").
 MAX_MERGE_DEPTH = 10
-MAX_ENTRIES = 100_000
+MAX_ENTRIES = 20_000
 
 
 @dataclass

@@ -13,48 +13,28 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from qaudit.config import SourceNote
 from qaudit.errors import InputError
 from qaudit.sources import shell_parser as ast
 from qaudit.sources.arith import ArithUnknown, evaluate
 from qaudit.sources.argv import HOLE
+from qaudit.sources.shell_conditions import TestExpression
 from qaudit.sources.shell_lexer import Arith, CmdSub, Lit, Param, WordTok
+from qaudit.sources.shell_values import (UNSET, ArrayValue, Ch, Chars, Elem, as_array, as_scalar,
+                                         chars_of, hole, holes, join, known, merge_values,
+                                         text_of, to_word)
 from qaudit.sources.tokens import External, Word
-
-# A character of an expanded value: (text, source line, what it depends on if unknown).
-Ch = tuple[str, int, "External | None"]
-Chars = tuple[Ch, ...]
 
 MAX_STEPS = 200_000  # commands followed; a bound on loops and function recursion
 MAX_VALUE = 1_000_000  # characters in one variable
-MAX_ELEMENTS = 100_000  # elements in one array
+MAX_ELEMENTS = 10_000  # elements in one array
 MAX_FOR_ITEMS = 1_000
 MAX_CALL_DEPTH = 16
 LAUNCHERS = {"torchrun", "python", "python3", "uv", "srun", "mpirun", "deepspeed", "accelerate",
              "nsys", "numactl", "ft_launcher", "exec", "env", "time", "nohup"}
 _BLANKS = " \t\n"
-
-
-@dataclass(frozen=True)
-class Elem:
-    """An array element; `condition` when it exists only if an undecided condition holds."""
-
-    chars: Chars
-    condition: tuple[External, ...] = ()
-
-
-@dataclass(frozen=True)
-class ArrayValue:
-    elems: tuple[Elem, ...]
-
-
-class _Unset:
-    """A variable the script itself unset: expands to nothing (unlike one never set)."""
-
-
-UNSET = _Unset()
 
 
 class ExitPath(Exception):
@@ -77,26 +57,6 @@ class Outcome:
     launches: list[Launch]
     notes: list[SourceNote]
     order: list[str]  # variable names in the order they were first assigned
-
-
-def text_of(chars: Chars) -> str:
-    return "".join(c[0] for c in chars)
-
-
-def holes(chars: Chars) -> tuple[External, ...]:
-    return tuple(dict.fromkeys(c[2] for c in chars if c[2] is not None))
-
-
-def hole(external: External) -> Chars:
-    return ((HOLE, external.line or 0, external),)
-
-
-def known(text: str, line: int) -> Chars:
-    return tuple((c, line, None) for c in text)
-
-
-def to_word(chars: Chars, line: int, condition: tuple[External, ...] = ()) -> Word:
-    return Word(text_of(chars), chars[0][1] if chars else line, holes(chars), condition)
 
 
 class _Fields:
@@ -225,7 +185,7 @@ class Interpreter:
             else:
                 self.block(node.body)
         elif isinstance(node, ast.Function):
-            self.functions[node.name] = node.body
+            self.functions[node.name] = node.body  # one compound command
         return True
 
     def status(self, result: tuple[bool | None, tuple[External, ...]]) -> bool | None:
@@ -377,7 +337,7 @@ class Interpreter:
             # it), with what decided it.
             differs = External(name, line, f"set depending on line {line}, which reads {reads}",
                                deciders)
-            merged[name] = _merge_values(values, why, differs)
+            merged[name] = merge_values(values, why, differs)
             if name not in self.order:
                 self.order.append(name)
         return merged
@@ -446,10 +406,11 @@ class Interpreter:
             raise InputError(f"cannot read the script: function {name} calls itself too deeply",
                              file=self.file, line=line)
         saved = self.positional
-        self.positional = [_chars_of(word, line) for word in args]
+        self.positional = [chars_of(word, line) for word in args]
         self.call_depth += 1
         try:
-            self.block(self.functions[name])
+            for command in self.functions[name]:
+                self.command(command)
         except _Return:
             pass
         finally:
@@ -493,7 +454,7 @@ class Interpreter:
             first = old.elems[0].chars if old.elems else ()
             self.set(assign.name, ArrayValue((Elem(first + chars),) + old.elems[1:]))
         elif assign.append:
-            self.assign_scalar(assign.name, _as_scalar(old) + chars)
+            self.assign_scalar(assign.name, as_scalar(old) + chars)
         else:
             self.assign_scalar(assign.name, chars)
 
@@ -600,7 +561,7 @@ class Interpreter:
         if name in ("@", "*"):
             self.saw_arguments = self.saw_arguments or self.positional is None
             elems = tuple(Elem(c) for c in self.arguments())
-            return ArrayValue(elems) if name == "@" or not part.quoted else _join(elems, line)
+            return ArrayValue(elems) if name == "@" or not part.quoted else join(elems, line)
         if name == "#" and part.op is None:
             return known(str(len(self.arguments())), line)
         if name in ("?", "$", "!", "-"):
@@ -611,7 +572,7 @@ class Interpreter:
         if part.op == "#len":
             if isinstance(state, ArrayValue) and part.index in ("@", "*"):
                 return known(str(len(state.elems)), line)
-            chars = _as_scalar(state)
+            chars = as_scalar(state)
             return hole(External(name, line, "not set in the script")) if state is None \
                 else (known(str(len(chars)), line) if not holes(chars) else hole(holes(chars)[0]))
         if part.op in (":-", "-", ":=", "=", ":+", "+", ":?", "?"):
@@ -622,7 +583,7 @@ class Interpreter:
             return ()
         if isinstance(state, ArrayValue):
             if part.index in ("@", "*"):
-                return state if part.index == "@" or not part.quoted else _join(state.elems, line)
+                return state if part.index == "@" or not part.quoted else join(state.elems, line)
             return state.elems[0].chars if state.elems else ()
         return state
 
@@ -666,7 +627,7 @@ class Interpreter:
         # Never set in the script (state None) counts as unset: with a default written in the
         # script, the default is what a plain run gets. A value with unknown parts counts as
         # set and non-empty.
-        chars = _as_scalar(state) if state is not None and state is not UNSET else None
+        chars = as_scalar(state) if state is not None and state is not UNSET else None
         is_set = chars is not None
         empty = chars is not None and not chars
         use_default = not is_set or (op.startswith(":") and empty)
@@ -726,7 +687,7 @@ class Interpreter:
             if state is None:
                 missing.append(self.unset_external(name, line))
                 return None
-            value = _as_scalar(state) if state is not UNSET else ()
+            value = as_scalar(state) if state is not UNSET else ()
             if holes(value):
                 missing.extend(holes(value))
                 return None
@@ -746,7 +707,7 @@ class Interpreter:
     def test(self, node: ast.Test) -> tuple[bool | None, tuple[External, ...]]:
         items = [item if isinstance(item, str) else (self.expand_joined(item), item)
                  for item in node.items]
-        return _TestEval(items, node.line, double=True).run()
+        return TestExpression(items, node.line, double=True).run()
 
     def bracket_test(self, words: list[WordTok], line: int, bracket: bool):
         fields: list = []
@@ -759,199 +720,8 @@ class Interpreter:
             fields = fields[:-1]
         items = [text_of(c) if text_of(c) in ("!", "(", ")", "-a", "-o") and not holes(c)
                  else (c, w) for c, w in fields]
-        return _TestEval(items, line, double=False).run()
+        return TestExpression(items, line, double=False).run()
 
 
 class _Return(Exception):
     pass
-
-
-_FILE_TESTS = set("-a -b -c -d -e -f -g -h -k -p -r -s -t -u -w -x -G -L -N -O -S".split())
-_INT_OPS = {"-eq": lambda a, b: a == b, "-ne": lambda a, b: a != b, "-lt": lambda a, b: a < b,
-            "-le": lambda a, b: a <= b, "-gt": lambda a, b: a > b, "-ge": lambda a, b: a >= b}
-_BINARY_OPS = {"=", "==", "!=", "<", ">", "=~"} | set(_INT_OPS)
-
-
-class _TestEval:
-    """`[[ ... ]]` / `[ ... ]` expressions, three-valued: True, False or None (unknown)."""
-
-    def __init__(self, items: list, line: int, double: bool) -> None:
-        self.items = items
-        self.pos = 0
-        self.line = line
-        self.double = double
-
-    def text(self, item) -> str | None:
-        if isinstance(item, str):
-            return item
-        chars, _ = item
-        return None if holes(chars) else text_of(chars)
-
-    def peek_text(self) -> str | None:
-        return self.text(self.items[self.pos]) if self.pos < len(self.items) else None
-
-    def run(self) -> tuple[bool | None, tuple[External, ...]]:
-        if not self.items:
-            return False, ()
-        result = self.or_()
-        if self.pos != len(self.items):
-            return None, (External("a test", self.line, "uses syntax qaudit does not read"),)
-        return result
-
-    def or_(self):
-        left = self.and_()
-        while self.peek_text() in ("||", "-o"):
-            self.pos += 1
-            left = _or(left, self.and_())
-        return left
-
-    def and_(self):
-        left = self.not_()
-        while self.peek_text() in ("&&", "-a"):
-            self.pos += 1
-            left = _and(left, self.not_())
-        return left
-
-    def not_(self):
-        if self.peek_text() == "!":
-            self.pos += 1
-            value, externals = self.not_()
-            return (None if value is None else not value), externals
-        return self.primary()
-
-    def primary(self):
-        if self.pos >= len(self.items):
-            return None, (External("a test", self.line, "ends too early"),)
-        first = self.items[self.pos]
-        if self.peek_text() == "(":
-            self.pos += 1
-            value = self.or_()
-            if self.peek_text() == ")":
-                self.pos += 1
-            return value
-        # binary operator?
-        if self.pos + 2 < len(self.items) and self.text(self.items[self.pos + 1]) in _BINARY_OPS:
-            left, op, right = first, self.text(self.items[self.pos + 1]), self.items[self.pos + 2]
-            self.pos += 3
-            return self.binary(left, op, right)
-        op = self.text(first)
-        if op in ("-z", "-n") and self.pos + 1 < len(self.items):
-            operand = self.items[self.pos + 1]
-            self.pos += 2
-            if isinstance(operand, str):
-                return (op == "-n") == bool(operand), ()
-            chars, _ = operand
-            if holes(chars):
-                return None, holes(chars)
-            return (op == "-n") == bool(chars), ()
-        if op in _FILE_TESTS or op == "-v":
-            self.pos += 2
-            return None, (External(f"[ {op} ... ]", self.line,
-                                   "a filesystem test; qaudit does not look at files"),)
-        self.pos += 1
-        if isinstance(first, str):
-            return bool(first), ()
-        chars, _ = first
-        return (None, holes(chars)) if holes(chars) else (bool(chars), ())
-
-    def binary(self, left, op: str, right):
-        unknown = tuple(dict.fromkeys(
-            e for item in (left, right) if not isinstance(item, str) for e in holes(item[0])))
-        if unknown:
-            return None, unknown
-        a, b = self.text(left), self.text(right)
-        if op in _INT_OPS:
-            try:
-                return _INT_OPS[op](int(a), int(b)), ()
-            except ValueError:
-                return None, (External(f"{a} {op} {b}", self.line, "compares non-integers"),)
-        if op == "=~":
-            return None, (External(f"=~ {b}", self.line, "regular expressions are not read"),)
-        if op in ("<", ">"):
-            return (a < b) if op == "<" else (a > b), ()
-        equal = fnmatch.fnmatchcase(a, b) if self.double and _unquoted_pattern(right) else a == b
-        return equal if op in ("=", "==") else not equal, ()
-
-
-def _unquoted_pattern(item) -> bool:
-    """In `[[ a == b ]]` an unquoted right side is a glob pattern."""
-    if isinstance(item, str):
-        return False
-    _, word = item
-    return any(isinstance(p, Lit) and not p.quoted and set(p.text) & set("*?[") for p in word.parts)
-
-
-def _and(a, b):
-    if a[0] is False or b[0] is False:
-        return False, ()
-    if a[0] is True and b[0] is True:
-        return True, ()
-    return None, a[1] + b[1]
-
-
-def _or(a, b):
-    if a[0] is True or b[0] is True:
-        return True, ()
-    if a[0] is False and b[0] is False:
-        return False, ()
-    return None, a[1] + b[1]
-
-
-def _chars_of(word: Word, line: int) -> Chars:
-    """Back from a Word to characters (holes matched to its unknowns in order)."""
-    unknown = iter(word.unknown)
-    return tuple((c, word.line or line, next(unknown, None) if c == HOLE else None)
-                 for c in word.text)
-
-
-def _as_scalar(state) -> Chars:
-    if isinstance(state, ArrayValue):
-        return state.elems[0].chars if state.elems else ()
-    if state is None or state is UNSET:
-        return ()
-    return state
-
-
-def as_array(state) -> tuple[Elem, ...]:
-    if isinstance(state, ArrayValue):
-        return state.elems
-    if state is None or state is UNSET:
-        return ()
-    return (Elem(state),)
-
-
-def _join(elems: tuple[Elem, ...], line: int) -> Chars:
-    out: list[Ch] = []
-    for i, elem in enumerate(elems):
-        if i:
-            out.append((" ", line, None))
-        out.extend(elem.chars)
-    return tuple(out)
-
-
-def _plain(value):
-    """A value without line numbers, to compare outcomes of different branches."""
-    if isinstance(value, ArrayValue):
-        return tuple((tuple((c, h) for c, _, h in e.chars), e.condition) for e in value.elems)
-    if value is None or value is UNSET:
-        return value
-    return tuple((c, h) for c, _, h in value)
-
-
-def _merge_values(values: list, why: tuple[External, ...], differs: External):
-    plain = [_plain(v) for v in values]
-    if all(p == plain[0] for p in plain):
-        return values[0]
-    arrays = [v for v in values if isinstance(v, ArrayValue) or v is None or v is UNSET]
-    if len(arrays) == len(values):
-        # Arrays that only grew in some outcomes (ARGS+=(...) under a condition): keep the
-        # common prefix, mark the extra elements conditional.
-        elems = [as_array(v) for v in values]
-        longest = max(elems, key=len)
-        shortest = min(len(e) for e in elems)
-        if all(_plain(ArrayValue(e)) == _plain(ArrayValue(longest[:len(e)])) for e in elems):
-            merged = list(longest[:shortest])
-            merged += [Elem(e.chars, tuple(dict.fromkeys(e.condition + why)))
-                       for e in longest[shortest:]]
-            return ArrayValue(tuple(merged))
-    return hole(differs)

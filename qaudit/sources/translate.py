@@ -14,6 +14,7 @@ from qaudit.config import MODELLED_FIELDS, SourceNote
 from qaudit.errors import InputError
 from qaudit.sources import megatron_flags as flags
 from qaudit.sources.argv import Argv, Occurrence
+from qaudit.sources.megatron_flags import to_int
 from qaudit.sources.tokens import External
 from qaudit.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
 from qaudit.yamlio import YamlMap, short_repr
@@ -159,12 +160,55 @@ class Translator:
             self.set("recompute_modules", modules + (["moe"] if "moe" not in modules else []),
                      recompute.line, recompute.flag)
         self.fill_ffn_default()
+        self.pipeline()
+        mla = self.last.get("--multi-latent-attention")
+        if mla is not None and "multi_latent_attention" in self.mapping:
+            # The parser's defaults, not MLATransformerConfig's: no query down-projection
+            # unless --q-lora-rank is given, and a KV rank of 32.
+            for field, default in (("q_lora_rank", None), ("kv_lora_rank", 32)):
+                if field in MODELLED_FIELDS and field not in self.mapping:
+                    self.set(field, default, mla.line, mla.flag)
         fsdp = self.last.get("--use-megatron-fsdp")
         if fsdp is not None and "data_parallel_sharding_strategy" in MODELLED_FIELDS \
                 and "data_parallel_sharding_strategy" not in self.mapping:
             # The CLI default differs from the config dataclass's: full sharding.
             self.set("data_parallel_sharding_strategy", "optim_grads_params", fsdp.line,
                      fsdp.flag)
+
+    def pipeline(self) -> None:
+        """validate_args' virtual pipeline size; an explicit layout is not modelled, so the
+        stage fields are dropped (its uneven split would otherwise be refused)."""
+        if "virtual_pipeline_model_parallel_size" not in MODELLED_FIELDS:
+            return
+        if "--pipeline-model-parallel-layout" in self.last:
+            for field in ("pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+                          "num_layers_in_first_pipeline_stage",
+                          "num_layers_in_last_pipeline_stage",
+                          "account_for_embedding_in_pipeline_split",
+                          "account_for_loss_in_pipeline_split"):
+                self.mapping.pop(field, None)
+            return
+        per_chunk = self.last.get("--num-layers-per-virtual-pipeline-stage")
+        if per_chunk is not None and "--num-virtual-stages-per-pipeline-rank" not in self.last:
+            values = self.needed(per_chunk)
+            layers = self.mapping.get("num_layers")
+            stages = self.mapping.get("pipeline_model_parallel_size", 1)
+            try:
+                size = to_int(values[0]) if values else 0
+            except ValueError as exc:
+                raise InputError(str(exc), file=self.file, line=per_chunk.line,
+                                 key=per_chunk.flag) from None
+            if isinstance(layers, int) and isinstance(stages, int) and size > 0 and stages > 0:
+                layers += bool(self.mapping.get("account_for_embedding_in_pipeline_split"))
+                layers += bool(self.mapping.get("account_for_loss_in_pipeline_split"))
+                if layers % stages or (layers // stages) % size:
+                    raise InputError(f"{layers} layers over {stages} pipeline stages do not split "
+                                     f"into chunks of {size} (Megatron rejects it)",
+                                     file=self.file, line=per_chunk.line, key=per_chunk.flag)
+                self.set("virtual_pipeline_model_parallel_size", layers // stages // size,
+                         per_chunk.line, per_chunk.flag)
+        if self.mapping.get("virtual_pipeline_model_parallel_size") == 1:
+            self.mapping.pop("virtual_pipeline_model_parallel_size")  # upstream: None
 
     def fill_ffn_default(self) -> None:
         """validate_args: with SwiGLU the default FFN width is 2/3 of 4h, rounded to 64."""
