@@ -126,7 +126,8 @@ def accumulation_of(records: list[CallRecord]) -> str:
         return "-"
     if all(d == "autograd" for d in decisions):
         return "autograd"
-    if all(d == "overwrite" for d in decisions):
+    # Overwrites that the flag does not explain come from overwrite_main_grad.
+    if any(r.decision == "overwrite" and r.flag is not True for r in records if r.grad):
         return "overwrite-always"
     if any(r.decision == "overwrite" and r.microbatch == 0 for r in records):
         return "overwrite-first"

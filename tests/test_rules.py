@@ -190,3 +190,8 @@ def test_qa090_reports_source_notes():
                                        [SourceNote("--cuda-graph-impl is not modelled", 7, "x")])
     findings = list(check(facts))
     assert [(f.rule, f.severity, f.line, f.file) for f in findings] == [("QA090", "warning", 7, "run.sh")]
+
+
+def test_single_microbatch_tracked_module_is_overwrite_first_not_always(audit):
+    report = audit(BASE + FP8, microbatches=1)
+    assert {r.accumulation for r in report.modules if r.type != "ColumnParallelLinear"} == {"overwrite-first"}

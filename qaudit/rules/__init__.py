@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Iterable
 
 from qaudit.config import ModelConfig
@@ -35,8 +36,9 @@ class AuditFacts:
     allow_import: bool = False  # --allow-import: custom recipe factories were imported
     custom_factories: dict[str, str] = field(default_factory=dict)  # factory -> what it gave
 
-    @property
+    @cached_property
     def rows_by_name(self) -> dict[str, ModuleRow]:
+        # Cached: rules look rows up per module, and models reach thousands of modules.
         return {row.name: row for row in self.rows}
 
 
