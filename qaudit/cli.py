@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from enum import Enum
 from typing import Optional
@@ -167,7 +168,7 @@ def explain(rule_id: str = typer.Argument(..., help="A rule ID, e.g. QA001.")) -
     found = rules.get(rule_id.upper())
     if found is None:
         _fail(f"error: unknown rule {rule_id!r}; `qaudit rules` lists them", EXIT_USAGE)
-    typer.echo(f"{found.id} ({found.severity}): {found.title}\n\n{found.doc}")
+    typer.echo(f"{found.id} ({found.severity}): {found.title}\n\n{inspect.cleandoc(found.doc)}")
 
 
 class DiffFormat(str, Enum):
