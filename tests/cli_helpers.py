@@ -12,10 +12,12 @@ from qaudit import cli
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run `qaudit ARGS` from the repository root; return exit code, stdout, stderr."""
+def run_in_process(monkeypatch, capsys, *args: str, cwd: Path | None = REPO) -> tuple[int, str, str]:
+    """Run `qaudit ARGS` in `cwd` (the repository root; None: stay where the test is);
+    return exit code, stdout, stderr."""
     monkeypatch.setattr(sys, "argv", ["qaudit", *args])
-    monkeypatch.chdir(REPO)
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
     with pytest.raises(SystemExit) as exit_info:
         cli.main()
     out, err = capsys.readouterr()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qaudit import cli
+from cli_helpers import run_in_process as run_cli_in_process
 from qaudit.baseline import (apply_baseline, apply_comments, baseline_text, finding_key,
                              fingerprint, load_baseline)
 from qaudit.errors import InputError
@@ -27,11 +27,7 @@ def golden(example: str = FAILING):
 
 
 def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["qaudit", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
+    return run_cli_in_process(monkeypatch, capsys, *args, cwd=None)  # the test sets the cwd
 
 
 def test_fingerprint_ignores_lines_and_files_but_not_rule_module_or_entry():

@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import json
 import platform
-import sys
 
 import pytest
 
-from qaudit import cli
+from cli_helpers import run_in_process as run_cli_in_process
 from qaudit.envreport import capability_support, collect, render_env_text
 
 
 def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["qaudit", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
+    return run_cli_in_process(monkeypatch, capsys, *args, cwd=None)  # the test sets the cwd
 
 
 def supported(capability, cuda="12.9"):
