@@ -227,6 +227,17 @@ def severity_counts(report: Report) -> dict[str, int]:
     return {severity: counts.get(severity, 0) for severity in SEVERITIES}
 
 
+def finding_text(finding: Finding, fix_label: str = "fix", evidence_label: str = "evidence") -> str:
+    """The message, then the fix and the --verify evidence on lines of their own."""
+    text = finding.message
+    if finding.fix:
+        text += f"\n{fix_label}: {finding.fix}"
+    evidence = getattr(finding, "evidence", None)
+    if evidence:
+        text += f"\n{evidence_label}: {evidence}"
+    return text
+
+
 def suppressed_findings(report: Report) -> list[Finding]:
     return list(getattr(report, "suppressed", None) or [])
 

@@ -4,7 +4,7 @@ lines of a pull request. Paths are repository-relative."""
 
 from __future__ import annotations
 
-from qaudit.render.common import repo_relative, summary_line
+from qaudit.render.common import finding_text, repo_relative, summary_line
 from qaudit.report import Finding, Report
 
 COMMANDS = {"error": "error", "warning": "warning", "info": "notice"}
@@ -25,14 +25,8 @@ def annotation(finding: Finding) -> str:
         if finding.line:
             properties.append(f"line={int(finding.line)}")
     properties.append(f"title={_escape_property(finding.rule)}")
-    text = finding.message
-    if finding.fix:
-        text += f"\nfix: {finding.fix}"
-    evidence = getattr(finding, "evidence", None)
-    if evidence:
-        text += f"\nevidence: {evidence}"
     command = COMMANDS.get(finding.severity, "warning")
-    return f"::{command} {','.join(properties)}::{_escape_data(text)}"
+    return f"::{command} {','.join(properties)}::{_escape_data(finding_text(finding))}"
 
 
 def render_annotations(report: Report) -> str:

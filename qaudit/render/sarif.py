@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from qaudit import __version__
-from qaudit.render.common import repo_relative
+from qaudit.render.common import finding_text, repo_relative
 from qaudit.report import Finding, Report
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -57,12 +57,7 @@ def _location(finding: Finding, report: Report) -> dict[str, Any]:
 def _result(finding: Finding, report: Report, index: dict[str, int]) -> dict[str, Any]:
     from qaudit.baseline import fingerprint
 
-    text = finding.message
-    if finding.fix:
-        text += f"\nFix: {finding.fix}"
-    evidence = getattr(finding, "evidence", None)
-    if evidence:
-        text += f"\nEvidence: {evidence}"
+    text = finding_text(finding, "Fix", "Evidence")
     result: dict[str, Any] = {
         "ruleId": finding.rule,
         "ruleIndex": index[finding.rule],
@@ -83,8 +78,8 @@ def _result(finding: Finding, report: Report, index: dict[str, int]) -> dict[str
     properties = {}
     if finding.module:
         properties["module"] = finding.module
-    if evidence:
-        properties["evidence"] = evidence
+    if getattr(finding, "evidence", None):
+        properties["evidence"] = finding.evidence
     if properties:
         result["properties"] = properties
     return result
