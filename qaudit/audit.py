@@ -12,6 +12,7 @@ from typing import Mapping
 import torch
 
 from qaudit.config import ModelConfig, load_model_config
+from qaudit.distributed import World, agreed, all_gather
 from qaudit.errors import InputError
 from qaudit.megatron.dims import model_dims
 from qaudit.megatron.gpt import GPTModel, build_model
@@ -48,6 +49,8 @@ class AuditOptions:
     # --allow-import: import and call the recipes' custom_recipe_factory (Python code the
     # input names). Off: nothing is imported and such modules are reported "not executed".
     allow_import: bool = False
+    # Under torchrun: this process's rank, which runs pipeline stage `world.rank`.
+    world: World | None = None
 
 
 @dataclass
@@ -86,7 +89,8 @@ def load_inputs(config_path: str, recipe_path: str | None = None,
 
 def audit_files(config_path: str, recipe_path: str | None = None,
                 options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
-    config, recipe = load_inputs(config_path, recipe_path, dict(options.variables))
+    config, recipe = agreed(options.world,
+                            lambda: load_inputs(config_path, recipe_path, dict(options.variables)))
     report = audit_config(config, recipe, options)
     if suggest:
         from qaudit.suggest import suggest as find_remedies
@@ -98,12 +102,31 @@ def audit_files(config_path: str, recipe_path: str | None = None,
 def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
               policy_name: str | None = None) -> AuditRun:
     policy = POLICIES[policy_name or options.policy]
-    if options.full_size:
-        check_full_size_fits(config)
-    session = Session(select_runtime(options.runtime, options.device), policy)
-    model = build_model(config, model_dims(config, options.full_size), session, recipe,
-                        seed=options.seed)
-    factories = _import_custom_factories(model, recipe, options) if options.allow_import else {}
+
+    def build() -> tuple[Session, GPTModel, dict[str, str]]:
+        if options.world is not None:
+            check_world_matches_stages(config, options.world)
+        if options.full_size:
+            check_full_size_fits(config)
+        session = Session(select_runtime(options.runtime, options.device), policy)
+        model = build_model(config, model_dims(config, options.full_size), session, recipe,
+                            seed=options.seed)
+        factories = _import_custom_factories(model, recipe, options) if options.allow_import else {}
+        return session, model, factories
+
+    session, model, factories = agreed(options.world, build)
+    every_module = model.audited_modules()  # all stages', in upstream order
+    order = [m.fqn for m in every_module]
+    te_modules = [m.fqn for m in every_module if m.is_te]
+    match_names = {m.fqn: m.match_name for m in every_module}
+    bindings = {m.fqn: (m.matcher, m.quant_config) for m in every_module
+                if getattr(m, "quant_config", None) is not None}
+    del every_module  # a stage's process drops the others' modules now
+    runner = None
+    if options.world is not None:
+        from qaudit.megatron.stage_runner import StageRunner
+
+        runner = StageRunner(model, options.world.rank)
     snapshot: dict[str, torch.Tensor] = {}
 
     def keep_last_step_weights(step: int) -> None:
@@ -111,37 +134,59 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
             snapshot.update({name: p.detach().clone() for name, p in model.named_parameters()})
 
     if options.evaluation:
-        run_evaluation(model, session.recorder, options.steps, options.microbatches, options.seed)
+        run_evaluation(model, session.recorder, options.steps, options.microbatches, options.seed,
+                       forward=runner.forward_only if runner else None)
     else:
         run_training(model, session.recorder, options.steps, options.microbatches, options.seed,
-                     before_step=keep_last_step_weights)
+                     before_step=keep_last_step_weights,
+                     microbatch_step=runner.train_microbatch if runner else None,
+                     before_update=runner.sum_embedding_grads if runner else None)
     records: dict[str, list[CallRecord]] = defaultdict(list)
     for record in session.recorder.calls:
         records[record.module].append(record)
-    modules = model.audited_modules()
+    modules = model.audited_modules()  # under torchrun, this rank's stage only
     rearmed = policy.rearms(config)
-    rows = []
+    rows = {}
     for module in modules:
         own = records.get(module.fqn, [])
         quant_config = getattr(module, "quant_config", None)
-        rows.append(ModuleRow(
+        rows[module.fqn] = ModuleRow(
             name=module.fqn, type=module.upstream_class, precision=_not_executed(precision_of(own)),
             recipe=quant_config.name if quant_config else "-",
             tracked=tracked_of(own, module.is_te, rearmed), accumulation=accumulation_of(own),
             calls_per_microbatch=calls_per_microbatch(own, grad=True),
             nograd_calls_per_microbatch=calls_per_microbatch(own, grad=False),
-            stage=module.stage, chunk=module.chunk))
+            stage=module.stage, chunk=module.chunk)
+    overwrite = {m.fqn: any(getattr(p, "overwrite_main_grad", False) for p in m.weights()[:1])
+                 for m in modules}
+    records = dict(records)
+    if runner is not None:  # every rank judges every stage's evidence
+        rows, records, overwrite = _merge_stages(all_gather((rows, records, overwrite)))
+    rows_in_order = [rows[name] for name in order]
     facts = AuditFacts(
-        config=config, recipe=recipe, policy=policy, rows=rows, records=dict(records),
-        overwrite_main_grad={m.fqn: any(getattr(p, "overwrite_main_grad", False)
-                                        for p in m.weights()[:1]) for m in modules},
-        te_modules=[m.fqn for m in modules if m.is_te],
-        match_names={m.fqn: m.match_name for m in modules},
-        bindings={m.fqn: (m.matcher, m.quant_config) for m in modules
-                  if getattr(m, "quant_config", None) is not None},
-        evaluation=options.evaluation, allow_import=options.allow_import,
+        config=config, recipe=recipe, policy=policy, rows=rows_in_order, records=records,
+        overwrite_main_grad=overwrite, te_modules=te_modules, match_names=match_names,
+        bindings=bindings, evaluation=options.evaluation, allow_import=options.allow_import,
         custom_factories=factories)
-    return AuditRun(model, session, dict(records), rows, facts, snapshot or None)
+    return AuditRun(model, session, records, rows_in_order, facts, snapshot or None)
+
+
+def _merge_stages(per_rank: list[tuple[dict, dict, dict]]) -> tuple[dict, dict, dict]:
+    merged: tuple[dict, dict, dict] = ({}, {}, {})
+    for parts in per_rank:
+        for into, part in zip(merged, parts):
+            into.update(part)
+    return merged
+
+
+def check_world_matches_stages(config: ModelConfig, world: World) -> None:
+    stages = config.pipeline_model_parallel_size
+    if world.size != stages:
+        raise InputError(f"torchrun started {world.size} processes but the model has {stages} "
+                         "pipeline stage(s) (pipeline_model_parallel_size): qaudit runs one "
+                         f"stage per process, so start it with --nproc-per-node {stages}",
+                         file=config.file, line=config.line_of("pipeline_model_parallel_size"),
+                         key="pipeline_model_parallel_size")
 
 
 def _import_custom_factories(model: GPTModel, recipe: QuantRecipe | None,

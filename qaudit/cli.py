@@ -5,12 +5,15 @@ from __future__ import annotations
 import inspect
 import sys
 from enum import Enum
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from qaudit import __version__
 from qaudit.errors import EnvironmentProblem, InputError
+
+if TYPE_CHECKING:
+    from qaudit.audit import AuditOptions
 
 EXIT_USAGE, EXIT_INTERNAL = 2, 3
 
@@ -113,39 +116,74 @@ def check(
                                       "recipe's custom_recipe_factory (runs Python code the "
                                       "recipe names). Off by default: nothing is imported."),
 ) -> None:
-    """Build the model, run a few steps, and report every TE module. Exit 1 on errors."""
-    from qaudit.audit import AuditOptions, audit_files
+    """Build the model, run a few steps, and report every TE module. Exit 1 on errors.
+
+    Under `torchrun --nproc-per-node P -m qaudit check ...` each process runs one pipeline
+    stage; rank 0 prints the merged report and every rank exits with the same code."""
+    from qaudit import distributed
+    from qaudit.audit import AuditOptions
+
+    try:
+        world = distributed.world_from_environment()
+        if world is not None:
+            distributed.join(world)
+    except EnvironmentProblem as exc:
+        _fail(f"error: {exc}", EXIT_INTERNAL)
+    options = AuditOptions(policy=policy.value, steps=steps, microbatches=microbatches,
+                           runtime=runtime.value, device=device.value if device else None,
+                           seed=seed, evaluation=evaluation, verify=verify,
+                           compare_policies=compare_policies, allow_import=allow_import,
+                           full_size=full_size, rank=rank, world=world)
+    # Under torchrun every rank reaches the same outcome and only rank 0 speaks.
+    speaks = world is None or world.is_leader
+    code = _check(config, recipe, options, set_values, output_format, fail_on, output, expand,
+                  baseline, write_baseline, suggest_fixes, speaks)
+    if world is not None:
+        distributed.exit_together(code)
+    raise typer.Exit(code)
+
+
+def _check(config: str, recipe: str | None, options: AuditOptions, set_values: list[str] | None,
+           output_format: OutputFormat, fail_on: FailOn, output: list[str] | None, expand: bool,
+           baseline: str | None, write_baseline: str | None, suggest_fixes: bool,
+           speaks: bool) -> int:
+    """`check` once options are known: the exit code, after printing (when `speaks`)."""
+    from dataclasses import replace
+
+    from qaudit.audit import audit_files
     from qaudit.baseline import prepare_baseline
     from qaudit.render import emit, parse_outputs
     from qaudit.sources import parse_assignments
 
+    def failed(message: str, code: int) -> int:
+        if speaks:
+            typer.echo(message, err=True)
+        return code
+
     try:
         outputs = parse_outputs(output)
         baselines = prepare_baseline(baseline, write_baseline)
-        variables = parse_assignments(set_values)
+        options = replace(options, variables=parse_assignments(set_values))
     except InputError as exc:
-        _fail(f"error: {exc}", EXIT_USAGE)
-
-    options = AuditOptions(policy=policy.value, steps=steps, microbatches=microbatches,
-                           runtime=runtime.value, device=device.value if device else None,
-                           seed=seed, evaluation=evaluation, verify=verify,
-                           compare_policies=compare_policies, variables=variables,
-                           allow_import=allow_import, full_size=full_size,
-                           rank=rank)
+        return failed(f"error: {exc}", EXIT_USAGE)
+    if options.world is not None and options.verify:
+        return failed("error: --verify replays the whole model in one process; run it without "
+                      "torchrun", EXIT_USAGE)
     try:
         report = audit_files(config, recipe, options, suggest=suggest_fixes)
     except InputError as exc:
-        _fail(f"error: {exc}", EXIT_USAGE)
+        return failed(f"error: {exc}", EXIT_USAGE)
     except EnvironmentProblem as exc:
-        _fail(f"error: {exc}", EXIT_INTERNAL)
+        return failed(f"error: {exc}", EXIT_INTERNAL)
     report = baselines.apply(report)
     code = report.exit_code(fail_on.value)
-    try:
-        emit(report, code, output_format.value, outputs, expand=expand,
-             extra_files=baselines.files(report))
-    except InputError as exc:
-        _fail(f"error: {exc}", EXIT_USAGE)
-    raise typer.Exit(code)
+    if speaks:
+        try:
+            emit(report, code, output_format.value, outputs, expand=expand,
+                 extra_files=baselines.files(report))
+        except InputError as exc:
+            return failed(f"error: {exc}", EXIT_USAGE)
+    return code
 
 
 @app.command("rules")

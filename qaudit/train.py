@@ -62,15 +62,29 @@ def make_batches(model: GPTModel, count: int, seed: int) -> list[tuple[torch.Ten
     batches = []
     for _ in range(count):
         tokens = torch.randint(0, dims.vocab, shape, generator=generator)  # same on every device
-        tokens = tokens.to(model.embedding.word_embeddings.weight.device)
+        tokens = tokens.to(model.device)
         batches.append((tokens[:, :-1], tokens[:, 1:]))
     return batches
 
 
+# One microbatch's forward and backward: the whole model in one process, or one pipeline
+# stage's share with its neighbours (qaudit.megatron.stage_runner).
+MicrobatchStep = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+def _whole_model(model: GPTModel) -> MicrobatchStep:
+    return lambda tokens, labels: model(tokens, labels).backward()
+
+
 def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: int,
-                 seed: int = 0, before_step: Callable[[int], None] | None = None) -> None:
+                 seed: int = 0, before_step: Callable[[int], None] | None = None,
+                 microbatch_step: MicrobatchStep | None = None,
+                 before_update: Callable[[list[torch.nn.Parameter]], None] | None = None) -> None:
+    """`before_update` sees the step's gradients before the weights change (a pipeline's
+    embedding copies sum theirs there)."""
     fsdp = model.config.overwrites_main_grad
     params = attach_grad_buffers(model, overwrite_main_grad=fsdp)
+    microbatch_step = microbatch_step or _whole_model(model)
     batches = make_batches(model, microbatches, seed)
     model.train()
     for step in range(steps):
@@ -82,18 +96,21 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
             recorder.start_microbatch(buffers_drained=fsdp)
             if index == 0:
                 model.set_is_first_microbatch()
-            model(tokens, labels).backward()
+            microbatch_step(tokens, labels)
             if fsdp:
                 for param in params:
                     param.sharded_grad.add_(param.main_grad)
                     param.main_grad.zero_()
+        if before_update is not None:
+            before_update(params)
         with torch.no_grad():
             for param in params:
                 param.add_(step_gradient(param), alpha=-LEARNING_RATE)
 
 
 def run_evaluation(model: GPTModel, recorder: Recorder, steps: int, microbatches: int,
-                   seed: int = 0) -> None:
+                   seed: int = 0, forward: Callable[[torch.Tensor, torch.Tensor], object] | None = None
+                   ) -> None:
     """Forward-only evaluation: modules in eval mode (evaluation recipes), flags re-armed at
     each evaluation's first microbatch, no backward."""
     batches = make_batches(model, microbatches, seed)
@@ -105,4 +122,4 @@ def run_evaluation(model: GPTModel, recorder: Recorder, steps: int, microbatches
                 recorder.start_microbatch()
                 if index == 0:
                     model.set_is_first_microbatch()
-                model(tokens, labels)
+                (forward or model)(tokens, labels)

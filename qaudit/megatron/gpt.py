@@ -37,13 +37,18 @@ class TransformerBlock(torch.nn.Module):
         self.recompute = b.config.recomputed_layers(len(self.layers))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        for index, layer in enumerate(self.layers):
+        return self.final_layernorm(self.run_layers(h, range(len(self.layers))))
+
+    def run_layers(self, h: torch.Tensor, indices: range) -> torch.Tensor:
+        """The decoder layers of one model chunk (global indices), without the final norm."""
+        for index in indices:
+            layer = self.layers[index]
             with self.runtime.autocast(decoder_layer_ambient(self.config, index)):
                 if self.recompute[index] and self.training:
                     h = checkpointed(layer, self.runtime, h)
                 else:
                     h = layer(h)
-        return self.final_layernorm(h)
+        return h
 
 
 class MultiTokenPredictionLayer(torch.nn.Module):
@@ -93,6 +98,8 @@ class GPTModel(torch.nn.Module):
         b = Builder(config, dims, session)
         self.config, self.dims, self.runtime = config, dims, session.runtime
         self.policy = session.policy
+        # Where the runtime computes (TE modules: CUDA); build_model moves everything there.
+        self.device = torch.device(getattr(session.runtime, "device", "cpu"))
         self.embedding = torch.nn.Module()
         self.embedding.word_embeddings = torch.nn.Embedding(dims.vocab, dims.hidden)
         self.decoder = TransformerBlock(b)
@@ -147,11 +154,16 @@ class GPTModel(torch.nn.Module):
 
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """tokens, labels: [batch, seq]; returns the training loss."""
-        embed = self.embedding.word_embeddings
-        hidden = self.decoder(embed(tokens).transpose(0, 1).contiguous())
+        return self.head(self.decoder(self.embed(tokens)), tokens, labels)
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """[batch, seq] tokens -> [seq, batch, hidden], Megatron's layout."""
+        return self.embedding.word_embeddings(tokens).transpose(0, 1).contiguous()
+
+    def head(self, hidden: torch.Tensor, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """What the last stage runs after the decoder's final norm: MTP, logits, loss."""
         def embed_shifted(depth: int) -> torch.Tensor:
-            return embed(torch.roll(tokens, -depth, dims=1)).transpose(0, 1).contiguous()
+            return self.embed(torch.roll(tokens, -depth, dims=1))
 
         mtp_hidden = self.mtp(hidden, embed_shifted) if self.mtp is not None else []
         mtp_losses = [self._loss(self._logits(h), torch.roll(labels, -depth, dims=1))
@@ -173,4 +185,4 @@ def build_model(config: ModelConfig, dims: Dims, session: Session,
     model.finish_init(recipe)
     # Built on CPU (same seeded weights on every device), then moved to the runtime's device;
     # TE modules are created on CUDA already.
-    return model.to(getattr(session.runtime, "device", "cpu"))
+    return model.to(model.device)
