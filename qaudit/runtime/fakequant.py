@@ -25,8 +25,13 @@ def _cast_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
     return x.float().to(dtype).to(x.dtype)
 
 
+def _amax(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
+    """max |x| over `dim`, kept for broadcasting, in one pass (abs() then amax() takes two)."""
+    return torch.linalg.vector_norm(x, ord=float("inf"), dim=dim, keepdim=True)
+
+
 def _blocks(x: torch.Tensor, size: int) -> tuple[torch.Tensor, int]:
-    """View the last dim as blocks of `size` (zero padding at the end)."""
+    """View the last dim as blocks of `size` (zero padding at the end, a copy only if needed)."""
     pad = (-x.shape[-1]) % size
     if pad:
         x = torch.nn.functional.pad(x, (0, pad))
@@ -41,8 +46,8 @@ def _unblock(x: torch.Tensor, pad: int) -> torch.Tensor:
 def _tensor_amax(x: torch.Tensor, stacked: bool) -> torch.Tensor:
     """amax of the whole tensor, or of each slice along dim 0 for a stack of weights."""
     if stacked:
-        return x.abs().amax(dim=tuple(range(1, x.dim())), keepdim=True)
-    return x.abs().amax()
+        return _amax(x, tuple(range(1, x.dim())))
+    return torch.linalg.vector_norm(x, ord=float("inf"))
 
 
 def _per_tensor(x: torch.Tensor, fmt: str, stacked: bool) -> torch.Tensor:
@@ -53,7 +58,7 @@ def _per_tensor(x: torch.Tensor, fmt: str, stacked: bool) -> torch.Tensor:
 
 def _mxfp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
     blocks, pad = _blocks(x, 32)
-    amax = blocks.abs().amax(dim=-1, keepdim=True).clamp_min(_TINY)
+    amax = _amax(blocks, -1).clamp_min(_TINY)
     emax = 15 if fmt == "e5m2" else 8
     scale = torch.exp2(torch.floor(torch.log2(amax)) - emax)
     return _unblock(_cast_fp8(blocks / scale, fmt) * scale, pad)
@@ -65,15 +70,16 @@ def _blockwise(x: torch.Tensor, fmt: str, role: str) -> torch.Tensor:
         rows, cols = x.shape[-2:]
         # Zero padding never changes a tile's amax, so a dim under 128 is one whole tile.
         tile_r, tile_c = min(128, rows), min(128, cols)
-        padded = torch.nn.functional.pad(x, (0, (-cols) % tile_c, 0, (-rows) % tile_r))
+        pad_r, pad_c = (-rows) % tile_r, (-cols) % tile_c
+        padded = torch.nn.functional.pad(x, (0, pad_c, 0, pad_r)) if pad_r or pad_c else x
         r, c = padded.shape[-2:]
         tiles = padded.reshape(*x.shape[:-2], r // tile_r, tile_r, c // tile_c, tile_c)
-        amax = tiles.abs().amax(dim=(-3, -1), keepdim=True).clamp_min(_TINY)
-        q = _cast_fp8(tiles * (limit / amax), fmt) * (amax / limit)
+        amax = _amax(tiles, (-3, -1)).clamp_min(_TINY)
+        q = _cast_fp8(tiles * (limit / amax), fmt).mul_(amax / limit)
         return q.reshape(*x.shape[:-2], r, c)[..., :rows, :cols]
     blocks, pad = _blocks(x, min(128, x.shape[-1]))
-    amax = blocks.abs().amax(dim=-1, keepdim=True).clamp_min(_TINY)
-    return _unblock(_cast_fp8(blocks * (limit / amax), fmt) * (amax / limit), pad)
+    amax = _amax(blocks, -1).clamp_min(_TINY)
+    return _unblock(_cast_fp8(blocks * (limit / amax), fmt).mul_(amax / limit), pad)
 
 
 def _round_e2m1(x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +96,7 @@ def _nvfp4(x: torch.Tensor, stacked: bool) -> torch.Tensor:
     if stacked:
         global_scale = global_scale.unsqueeze(-1)  # broadcast over the block dim
     blocks, pad = _blocks(x, 16)
-    block_amax = blocks.abs().amax(dim=-1, keepdim=True)
+    block_amax = _amax(blocks, -1)
     block_scale = _cast_fp8(block_amax / E2M1_MAX / global_scale, "e4m3") * global_scale
     block_scale = block_scale.clamp_min(_TINY)
     return _unblock(_round_e2m1(blocks / block_scale) * block_scale, pad)
