@@ -12,7 +12,7 @@ from typing import Mapping
 import torch
 
 from qaudit.config import ModelConfig, load_model_config
-from qaudit.distributed import World, agreed, all_gather
+from qaudit.distributed import World, agreed, all_gather, processes_on_this_machine
 from qaudit.errors import InputError
 from qaudit.megatron.dims import model_dims
 from qaudit.megatron.gpt import GPTModel, build_model
@@ -107,7 +107,7 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
         if options.world is not None:
             check_world_matches_stages(config, options.world)
         if options.full_size:
-            check_full_size_fits(config)
+            check_full_size_fits(config, processes_here=processes_on_this_machine(options.world))
         session = Session(select_runtime(options.runtime, options.device), policy)
         model = build_model(config, model_dims(config, options.full_size), session, recipe,
                             seed=options.seed)
@@ -212,13 +212,15 @@ def _not_executed(precision: str) -> str:
     return precision.replace("/custom", "/custom (not executed)")
 
 
-def check_full_size_fits(config: ModelConfig) -> None:
-    """Refuse a real-width build that cannot fit in memory, before allocating anything."""
+def check_full_size_fits(config: ModelConfig, processes_here: int = 1) -> None:
+    """Refuse a real-width build that cannot fit in memory, before allocating anything.
+    Under torchrun every process builds the whole model before keeping its stage."""
     params = model_params(config)
-    needed = params * FULL_SIZE_BYTES_PER_PARAM
+    needed = params * FULL_SIZE_BYTES_PER_PARAM * processes_here
     available = available_memory_bytes()
     if available is not None and needed > 0.8 * available:
-        raise InputError(f"--full-size needs about {needed / 2**30:.1f} GiB ({params / 1e9:.2f} B "
+        each = f" for {processes_here} processes" if processes_here > 1 else ""
+        raise InputError(f"--full-size needs about {needed / 2**30:.1f} GiB{each} ({params / 1e9:.2f} B "
                          f"parameters x {FULL_SIZE_BYTES_PER_PARAM} bytes) and "
                          f"{available / 2**30:.1f} GiB is available; audit the shrunk model "
                          "(the default: same layers, experts and MTP depths) or use a bigger "

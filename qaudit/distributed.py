@@ -57,6 +57,12 @@ def world_from_environment() -> World | None:
     return World(rank, size)
 
 
+def processes_on_this_machine(world: World | None) -> int:
+    if world is None:
+        return 1
+    return _env_int("LOCAL_WORLD_SIZE") or 1
+
+
 def join(world: World) -> None:
     """Join the process group: gloo for CPU tensors, plus NCCL for CUDA ones when a GPU is
     visible (whichever runtime and device the audit then picks)."""
