@@ -105,6 +105,35 @@ _NAME_CHARS = _NAME_START | set("0123456789")
 _SPECIAL_PARAMS = set("@*#?$!-0123456789")
 
 
+class _WordParts:
+    """The parts of a word being read: finished parts, and the literal run since the last one
+    (its characters and the line of each)."""
+
+    def __init__(self, quoted: bool) -> None:
+        self.parts: list = []
+        self.quoted = quoted
+        self._chars: list[str] = []
+        self._lines: list[int] = []
+
+    def char(self, c: str, line: int) -> None:
+        self._chars.append(c)
+        self._lines.append(line)
+
+    def pending(self) -> str:
+        return "".join(self._chars)
+
+    def flush(self, keep_empty: bool = False) -> None:
+        """End the literal run; `keep_empty`: a word with no parts yet still gets one ("")."""
+        if self._chars or (keep_empty and not self.parts):
+            self.parts.append(Lit("".join(self._chars), list(self._lines), self.quoted))
+            self._chars.clear()
+            self._lines.clear()
+
+    def add(self, *parts) -> None:
+        self.flush()
+        self.parts.extend(parts)
+
+
 class Lexer:
     def __init__(self, text: str, file: str, line: int = 1) -> None:
         self.text = text
@@ -248,62 +277,48 @@ class Lexer:
                 elements.append(word)
 
     # --- words -------------------------------------------------------------------------------
+    def _take_char(self, word: _WordParts) -> None:
+        line = self.line
+        word.char(self.advance(), line)
+
     def word(self) -> WordTok:
         line = self.line
-        parts: list = []
-        buf: list[str] = []
-        buf_lines: list[int] = []
-
-        def flush() -> None:
-            if buf:
-                parts.append(Lit("".join(buf), list(buf_lines), False))
-                buf.clear()
-                buf_lines.clear()
-
+        word = _WordParts(quoted=False)
         while True:
             c = self.peek()
             if c == "" or c in _META:
-                if c in "<>" and buf and "".join(buf).isdigit() and not parts:
+                if c in "<>" and word.pending().isdigit() and not word.parts:
                     return WordTok([], line)  # an fd number before a redirection ("2>&1")
                 break
             if c == "\\":
                 if self.peek(1) == "\n":
                     self.advance(2)
                     continue
-                flush()
                 self.advance()
                 escaped_line = self.line
                 escaped = self.advance() if self.peek() else ""
-                parts.append(Lit(escaped, [escaped_line] * len(escaped), True))
+                word.add(Lit(escaped, [escaped_line] * len(escaped), True))
             elif c == "'":
-                flush()
-                parts.append(self.single_quoted())
+                word.add(self.single_quoted())
             elif c == '"':
-                flush()
-                parts.extend(self.double_quoted())
+                word.add(*self.double_quoted())
             elif c == "$" and self.peek(1) == "'":
-                flush()
-                parts.append(self.ansi_c_quoted())
+                word.add(self.ansi_c_quoted())
             elif c == "$" and self.peek(1) == '"':
-                flush()
                 self.advance()
-                parts.extend(self.double_quoted())
+                word.add(*self.double_quoted())
             elif c == "$":
                 part = self.dollar(quoted=False)
                 if part is None:
-                    buf.append(self.advance())
-                    buf_lines.append(self.line)
+                    self._take_char(word)
                 else:
-                    flush()
-                    parts.append(part)
+                    word.add(part)
             elif c == "`":
-                flush()
-                parts.append(self.backtick(quoted=False))
+                word.add(self.backtick(quoted=False))
             else:
-                buf_lines.append(self.line)
-                buf.append(self.advance())
-        flush()
-        return WordTok(parts, line)
+                self._take_char(word)
+        word.flush()
+        return WordTok(word.parts, line)
 
     def single_quoted(self) -> Lit:
         line = self.line
@@ -345,47 +360,31 @@ class Lexer:
     def double_quoted(self) -> list:
         line = self.line
         self.advance()
-        parts: list = []
-        buf: list[str] = []
-        buf_lines: list[int] = []
-
-        def flush() -> None:
-            if buf or not parts:
-                parts.append(Lit("".join(buf), list(buf_lines), True))
-                buf.clear()
-                buf_lines.clear()
-
+        word = _WordParts(quoted=True)
         while True:
             c = self.peek()
             if c == "":
                 raise self.fail("unterminated double quote", line)
             if c == '"':
                 self.advance()
-                flush()
-                return parts
+                word.flush(keep_empty=True)
+                return word.parts
             if c == "\\" and self.peek(1) in ("$", "`", '"', "\\", "\n"):
                 self.advance()
                 if self.peek() == "\n":
                     self.advance()
                     continue
-                buf_lines.append(self.line)
-                buf.append(self.advance())
+                self._take_char(word)
             elif c == "$":
                 part = self.dollar(quoted=True)
                 if part is None:
-                    buf_lines.append(self.line)
-                    buf.append(self.advance())
+                    self._take_char(word)
                 else:
-                    if buf:
-                        flush()
-                    parts.append(part)
+                    word.add(part)
             elif c == "`":
-                if buf:
-                    flush()
-                parts.append(self.backtick(quoted=True))
+                word.add(self.backtick(quoted=True))
             else:
-                buf_lines.append(self.line)
-                buf.append(self.advance())
+                self._take_char(word)
 
     def backtick(self, quoted: bool) -> CmdSub:
         line = self.line
@@ -529,51 +528,35 @@ class Lexer:
 
     def braced_word(self, line: int, quoted: bool) -> list:
         """The word after `${name:-`, up to the matching '}' (quotes and expansions allowed)."""
-        parts: list = []
-        buf: list[str] = []
-        buf_lines: list[int] = []
-
-        def flush() -> None:
-            if buf:
-                parts.append(Lit("".join(buf), list(buf_lines), quoted))
-                buf.clear()
-                buf_lines.clear()
-
+        word = _WordParts(quoted)
         while True:
             c = self.peek()
             if c == "":
                 raise self.fail("unterminated ${...}", line)
             if c == "}":
                 self.advance()
-                flush()
-                return parts
+                word.flush()
+                return word.parts
             if c == "\\":
                 self.advance()
                 if self.peek() == "\n":
                     self.advance()
                     continue
-                buf_lines.append(self.line)
-                buf.append(self.advance())
+                self._take_char(word)
             elif c == "'" and not quoted:
-                flush()
-                parts.append(self.single_quoted())
+                word.add(self.single_quoted())
             elif c == '"':
-                flush()
-                parts.extend(self.double_quoted())
+                word.add(*self.double_quoted())
             elif c == "$":
                 part = self.dollar(quoted)
                 if part is None:
-                    buf_lines.append(self.line)
-                    buf.append(self.advance())
+                    self._take_char(word)
                 else:
-                    flush()
-                    parts.append(part)
+                    word.add(part)
             elif c == "`":
-                flush()
-                parts.append(self.backtick(quoted))
+                word.add(self.backtick(quoted))
             else:
-                buf_lines.append(self.line)
-                buf.append(self.advance())
+                self._take_char(word)
 
 
 def tokenize(text: str, file: str) -> list:
