@@ -14,6 +14,7 @@ from qaudit.config import MODELLED_FIELDS, SourceNote
 from qaudit.errors import InputError
 from qaudit.sources import megatron_flags as flags
 from qaudit.sources.argv import Argv, Occurrence
+from qaudit.sources.hybrid_flags import apply_hybrid
 from qaudit.sources.megatron_flags import to_int
 from qaudit.sources.tokens import External
 from qaudit.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
@@ -21,10 +22,8 @@ from qaudit.yamlio import YamlMap, short_repr
 
 REQUIRED_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads")
 # Features that replace the GPT decoder stack; without --num-layers nothing can be built.
+# (A hybrid pattern gives the layer count itself: qaudit.sources.hybrid_flags.)
 _STACK_FEATURES = {
-    "--hybrid-layer-pattern": "hybrid (Mamba) models",
-    "--hybrid-override-pattern": "hybrid (Mamba) models",
-    "--is-hybrid-model": "hybrid (Mamba) models",
     "--encoder-num-layers": "encoder-decoder (T5) models",
     "--decoder-num-layers": "encoder-decoder (T5) models",
     "--heterogeneous-layers-config-path": "heterogeneous layer configs",
@@ -143,6 +142,8 @@ class Translator:
                       f"{PARSER_COMMIT[:8]}); the audit ignores it", occurrence.line, flag)
 
     def apply_special(self) -> None:
+        if "hybrid_layer_pattern" in MODELLED_FIELDS:
+            apply_hybrid(self)
         gqa = self.last.get("--group-query-attention")
         if gqa is not None and "num_query_groups" in MODELLED_FIELDS:
             self.needed(gqa)
@@ -222,7 +223,7 @@ class Translator:
 
     def check_required(self) -> None:
         for flag in REQUIRED_FLAGS:
-            if flag in self.last:
+            if flag in self.last or (flag == "--num-layers" and "num_layers" in self.mapping):
                 continue
             features = sorted({name for f, name in _STACK_FEATURES.items() if self.given(f)})
             if features and flag == "--num-layers":
