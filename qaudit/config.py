@@ -63,6 +63,7 @@ class ModelConfig:
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
     recompute_modules: list[str] | None = None
+    moe_layer_recompute: bool = False  # deprecated: selective recompute of "moe" (below)
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None
     num_layers_in_first_pipeline_stage: int | None = None
@@ -312,6 +313,7 @@ _CHECKS: dict[str, Check] = {
     "recompute_method": _choice("uniform", "block", nullable=True),
     "recompute_num_layers": _optional(_POSITIVE),
     "recompute_modules": _recompute_modules,
+    "moe_layer_recompute": _bool,
     "pipeline_model_parallel_size": _POSITIVE,
     "virtual_pipeline_model_parallel_size": _optional(_POSITIVE),
     "num_layers_in_first_pipeline_stage": _optional(_int(0)),
@@ -389,6 +391,15 @@ def _fill_defaults(config: ModelConfig) -> None:
         config.kv_channels = max(1, config.hidden_size // config.num_attention_heads)
     if config.moe_ffn_hidden_size is None:
         config.moe_ffn_hidden_size = config.ffn_hidden_size
+    if config.moe_layer_recompute:
+        # The deprecated switch becomes selective recompute of "moe" (both input routes).
+        if config.recompute_granularity == "full":
+            raise InputError("cannot be combined with full recompute (TransformerConfig rejects "
+                             "it)", file=config.file, line=config.line_of("moe_layer_recompute"),
+                             key="moe_layer_recompute")
+        modules = list(config.recompute_modules or ["core_attn"])
+        config.recompute_granularity = "selective"
+        config.recompute_modules = modules + (["moe"] if "moe" not in modules else [])
 
 
 def _validate(config: ModelConfig) -> None:

@@ -100,6 +100,8 @@ _MODELLED: dict[str, Modelled] = {
     "--recompute-modules": Modelled("recompute_modules", to_str, many=True),
     # validate_args turns it into recompute_granularity = 'selective', whatever else was given.
     "--recompute-activations": Modelled("recompute_granularity", value="selective"),
+    # TransformerConfig turns it into selective recompute of "moe" (qaudit.config does too).
+    "--moe-layer-recompute": Modelled("moe_layer_recompute"),
     "--pipeline-model-parallel-size": Modelled("pipeline_model_parallel_size", to_int),
     "--num-virtual-stages-per-pipeline-rank": Modelled("virtual_pipeline_model_parallel_size",
                                                        to_int),
@@ -126,7 +128,7 @@ _MODELLED: dict[str, Modelled] = {
 }
 
 # Flags that are not a field copy but still decide modelled fields (handled in translate).
-SPECIAL = frozenset({"--group-query-attention", "--moe-layer-recompute", "--transformer-impl",
+SPECIAL = frozenset({"--group-query-attention", "--transformer-impl",
                      "--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout",
                      "--hybrid-override-pattern", "--mtp-hybrid-override-pattern",
                      "--is-hybrid-model"})

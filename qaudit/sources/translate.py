@@ -149,17 +149,6 @@ class Translator:
             self.needed(gqa)
             if "num_query_groups" not in self.mapping:
                 self.set("num_query_groups", 1, gqa.line, gqa.flag)  # the parser's default
-        recompute = self.last.get("--moe-layer-recompute")
-        if recompute is not None and {"recompute_granularity", "recompute_modules"} <= MODELLED_FIELDS:
-            self.needed(recompute)
-            if self.mapping.get("recompute_granularity") == "full":
-                raise InputError("cannot be combined with full recompute (TransformerConfig "
-                                 "rejects it)", file=self.file, line=recompute.line,
-                                 key="--moe-layer-recompute")
-            modules = list(self.mapping.get("recompute_modules") or ["core_attn"])
-            self.set("recompute_granularity", "selective", recompute.line, recompute.flag)
-            self.set("recompute_modules", modules + (["moe"] if "moe" not in modules else []),
-                     recompute.line, recompute.flag)
         self.fill_ffn_default()
         self.pipeline()
         mla = self.last.get("--multi-latent-attention")
