@@ -270,3 +270,11 @@ def test_is_hybrid_model_without_pattern_is_noted(write_yaml):
     config = load_inputs(path)[0]
     assert not config.is_hybrid
     assert any("audited as a GPT stack" in note.message for note in config.source.notes)
+
+
+def test_full_size_parameter_count_of_a_nemotron_h_8b_shape(repo_configs):
+    from dataclasses import replace
+
+    from qaudit.sizes import model_params
+    config = load_inputs(str(repo_configs / "nemotron-h-8b-fp8.yaml"))[0]
+    assert 8.0e9 < model_params(replace(config, vocab_size=131072)) < 8.2e9  # "8B"
