@@ -473,6 +473,8 @@ def _check_build_size(config: ModelConfig, fail: Callable[[str, str], None]) -> 
     layers = config.num_layers + config.mtp_depths * len(mtp_layers)
     if layers > MAX_BUILT_LAYERS:
         key = "mtp_num_layers" if config.mtp_depths > config.num_layers else "num_layers"
+        if config.is_hybrid and config.line_of(key) is None:
+            key = hybrid.pattern_key(config)  # the pattern gave the count
         per_depth = f" x {len(mtp_layers)} layers" if config.is_hybrid and mtp_layers else ""
         fail(key, f"the audit would build and run {layers} transformer layers (num_layers "
              f"{config.num_layers} + mtp_num_layers {config.mtp_depths}{per_depth}); the limit "

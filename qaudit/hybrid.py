@@ -76,12 +76,19 @@ def mixer_widths(config: ModelConfig) -> tuple[int, int, int]:
     return d_inner, nheads, in_proj
 
 
+def pattern_key(config: ModelConfig) -> str:
+    """The key the file wrote the pattern under, for messages."""
+    if config.line_of("hybrid_layer_pattern") is None \
+            and config.line_of("hybrid_override_pattern") is not None:
+        return "hybrid_override_pattern"
+    return "hybrid_layer_pattern"
+
+
 def validate(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
     pattern = config.hybrid_pattern()
     if pattern is None:
         return
-    key = "hybrid_layer_pattern" if config.line_of("hybrid_layer_pattern") is not None \
-        or config.line_of("hybrid_override_pattern") is None else "hybrid_override_pattern"
+    key = pattern_key(config)
     symbols = pattern.main + (pattern.mtp or "")
     if MOE in symbols and not config.is_moe:
         fail(key, "the pattern has MoE ('E') layers but num_moe_experts is not set")
