@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from qaudit.errors import InputError
-from qaudit.megatron.hybrid_pattern import MAMBA, MOE, parse_pattern, pattern_from_ratios
+from qaudit.megatron.hybrid_pattern import MAMBA, MOE, pattern_from_ratios
 
 if TYPE_CHECKING:
     from qaudit.config import ModelConfig

@@ -35,7 +35,8 @@ def apply_hybrid(t: Translator) -> None:
                          "it; this is the deprecated spelling)", file=t.file, line=override.line,
                          key=override.flag)
     source = layer or override
-    pattern = t.needed(source)[0] if source is not None and t.needed(source) else None
+    values = t.needed(source) if source is not None else []
+    pattern = values[0] if values else None
     if override is not None and pattern is not None:
         t.set("hybrid_layer_pattern", pattern, override.line, override.flag)
     legacy = t.last.get("--mtp-hybrid-override-pattern")
@@ -81,8 +82,8 @@ def _derive(t: Translator, source: Occurrence, pattern: str) -> None:
         t.mapping.pop("mtp_num_layers")
     for flag in _REJECTED_WITH_PATTERN + (_REJECTED_WITH_PIPES if parsed.has_pipes else ()):
         if flag in t.last:
-            fail(f"cannot be used with a hybrid layer pattern (Megatron rejects it: the "
-                 f"pattern's '|' separators define the pipeline stages)", t.last[flag])
+            fail("cannot be used with a hybrid layer pattern (Megatron rejects it: the "
+                 "pattern's '|' separators define the pipeline stages)", t.last[flag])
     stages = t.mapping.get("pipeline_model_parallel_size", 1)
     if parsed.has_pipes and isinstance(stages, int) and stages > 0:
         if len(parsed.segments) % stages:
