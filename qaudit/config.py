@@ -6,7 +6,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from qaudit import hybrid
 from qaudit.errors import InputError
+from qaudit.megatron.hybrid_pattern import MOE, HybridPattern, parse_pattern
 from qaudit.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
 from qaudit.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
 from qaudit.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
@@ -61,6 +63,7 @@ class ModelConfig:
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
     recompute_modules: list[str] | None = None
+    moe_layer_recompute: bool = False  # deprecated: selective recompute of "moe" (below)
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None
     num_layers_in_first_pipeline_stage: int | None = None
@@ -71,6 +74,17 @@ class ModelConfig:
     # overwrite_main_grad on the weights (semantics.md §1.3).
     use_megatron_fsdp: bool = False
     data_parallel_sharding_strategy: str = "no_shard"
+    # Hybrid (Mamba) models: HybridModel's constructor arguments (the pattern replaces the
+    # GPT stack; the override and ratio forms are its deprecated spellings) and the Mamba
+    # mixer's TransformerConfig fields (defaults as upstream). See qaudit/hybrid.py.
+    hybrid_layer_pattern: str | None = None
+    hybrid_override_pattern: str | None = None
+    hybrid_attention_ratio: float = 0.0
+    hybrid_mlp_ratio: float = 0.0
+    mamba_state_dim: int = 128
+    mamba_head_dim: int = 64
+    mamba_num_groups: int = 8
+    mamba_num_heads: int | None = None
     # Where each key was written; not a model field.
     source: "ConfigSource" = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -83,13 +97,32 @@ class ModelConfig:
     def mtp_depths(self) -> int:
         return self.mtp_num_layers or 0
 
+    @property
+    def is_hybrid(self) -> bool:
+        return self.hybrid_layer_pattern is not None
+
+    def hybrid_pattern(self) -> HybridPattern | None:
+        return parse_pattern(self.hybrid_layer_pattern) if self.is_hybrid else None
+
     def moe_layer_pattern(self) -> list[bool]:
-        """Per decoder layer: True for an MoE layer (Megatron's `moe_layer_freq` rule)."""
+        """Per decoder layer: True for an MoE layer (Megatron's `moe_layer_freq` rule; in a
+        hybrid model, the pattern's 'E' layers)."""
+        pattern = self.hybrid_pattern()
+        if pattern is not None:
+            return [symbol == MOE for symbol in pattern.main]
         if not self.is_moe:
             return [False] * self.num_layers
         if isinstance(self.moe_layer_freq, list):
             return [bool(v) for v in self.moe_layer_freq]
         return [i % self.moe_layer_freq == 0 for i in range(self.num_layers)]
+
+    def mtp_moe_layers(self) -> list[bool]:
+        """Per layer inside one MTP depth: True for MoE. GPT: one layer following the decoder's
+        last layer; hybrid: the pattern's MTP part."""
+        pattern = self.hybrid_pattern()
+        if pattern is not None:
+            return [symbol == MOE for symbol in pattern.mtp or ""]
+        return [self.moe_layer_pattern()[-1]]
 
     def global_fp8(self) -> Quant | None:
         return Quant("fp8", self.fp8_recipe, self.fp8) if self.fp8 else None
@@ -214,6 +247,22 @@ def _recompute_modules(key: str, value: Any) -> Any:
     return list(value)
 
 
+def _ratio(key: str, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"expected a number from 0 to 1, got {short_repr(value)}")
+    return float(value)
+
+
+def _pattern(key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        parse_pattern(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (pattern {short_repr(value)})") from None
+    return value
+
+
 def _layer_freq(key: str, value: Any) -> Any:
     if isinstance(value, list):
         for item in value:
@@ -264,6 +313,7 @@ _CHECKS: dict[str, Check] = {
     "recompute_method": _choice("uniform", "block", nullable=True),
     "recompute_num_layers": _optional(_POSITIVE),
     "recompute_modules": _recompute_modules,
+    "moe_layer_recompute": _bool,
     "pipeline_model_parallel_size": _POSITIVE,
     "virtual_pipeline_model_parallel_size": _optional(_POSITIVE),
     "num_layers_in_first_pipeline_stage": _optional(_int(0)),
@@ -273,6 +323,14 @@ _CHECKS: dict[str, Check] = {
     "use_megatron_fsdp": _bool,
     "data_parallel_sharding_strategy": _choice("no_shard", "optim", "optim_grads",
                                                "optim_grads_params"),
+    "hybrid_layer_pattern": _pattern,
+    "hybrid_override_pattern": _pattern,
+    "hybrid_attention_ratio": _ratio,
+    "hybrid_mlp_ratio": _ratio,
+    "mamba_state_dim": _POSITIVE,
+    "mamba_head_dim": _POSITIVE,
+    "mamba_num_groups": _POSITIVE,
+    "mamba_num_heads": _optional(_POSITIVE),
 }
 MODELLED_FIELDS = frozenset(f.name for f in fields(ModelConfig) if f.name != "source")
 assert MODELLED_FIELDS == frozenset(_CHECKS), "every modelled field needs a check"
@@ -312,9 +370,12 @@ def config_from_mapping(mapping: YamlMap, source: ConfigSource) -> ModelConfig:
             hint = did_you_mean(key, MODELLED_FIELDS | ACCEPTED_FIELDS)
             raise InputError(f"unknown field{hint}", file=source.file, line=line, key=key)
     for key in REQUIRED_FIELDS:
-        if key not in values:
+        if key not in values and not (key == "num_layers" and hybrid.counts_layers(values)):
             raise InputError("required field is missing", file=source.file, line=mapping.line, key=key)
+    given = set(values)
+    values.setdefault("num_layers", 0)  # a hybrid pattern gives it (hybrid.resolve)
     config = ModelConfig(**values, source=source)
+    hybrid.resolve(config, given)
     _fill_defaults(config)
     _validate(config)
     return config
@@ -330,6 +391,15 @@ def _fill_defaults(config: ModelConfig) -> None:
         config.kv_channels = max(1, config.hidden_size // config.num_attention_heads)
     if config.moe_ffn_hidden_size is None:
         config.moe_ffn_hidden_size = config.ffn_hidden_size
+    if config.moe_layer_recompute:
+        # The deprecated switch becomes selective recompute of "moe" (both input routes).
+        if config.recompute_granularity == "full":
+            raise InputError("cannot be combined with full recompute (TransformerConfig rejects "
+                             "it)", file=config.file, line=config.line_of("moe_layer_recompute"),
+                             key="moe_layer_recompute")
+        modules = list(config.recompute_modules or ["core_attn"])
+        config.recompute_granularity = "selective"
+        config.recompute_modules = modules + (["moe"] if "moe" not in modules else [])
 
 
 def _validate(config: ModelConfig) -> None:
@@ -353,8 +423,9 @@ def _validate(config: ModelConfig) -> None:
         if not (config.fp8 and config.fp8_recipe == "mxfp8"):
             fail("fp8_output_proj", "needs fp8 with fp8_recipe: mxfp8 (TransformerConfig rejects it)")
         # One stage holds both: the TE head cannot take the embedding's weight. With
-        # pipelining the last stage has its own copy of it.
-        if config.share_embeddings_and_output_weights and config.pipeline_model_parallel_size == 1:
+        # pipelining the last stage has its own copy of it. (HybridModel never builds it.)
+        if config.share_embeddings_and_output_weights and config.pipeline_model_parallel_size == 1 \
+                and not config.is_hybrid:
             fail("fp8_output_proj", "a TE output layer cannot use the embedding's weight: set "
                  "share_embeddings_and_output_weights: false")
     if config.fp8 and config.first_last_layers_bf16:
@@ -365,7 +436,8 @@ def _validate(config: ModelConfig) -> None:
         for key in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
             if getattr(config, key) > per_stage:
                 fail(key, f"must be at most num_layers // pipeline_model_parallel_size ({per_stage})")
-    if isinstance(config.moe_layer_freq, list) and len(config.moe_layer_freq) != config.num_layers:
+    if isinstance(config.moe_layer_freq, list) and len(config.moe_layer_freq) != config.num_layers \
+            and not config.is_hybrid:  # the pattern places MoE layers instead
         fail("moe_layer_freq", f"a list needs one entry per layer: {len(config.moe_layer_freq)} "
              f"given, num_layers is {config.num_layers}")
     if config.is_moe and config.moe_router_topk > config.num_moe_experts:
@@ -380,6 +452,7 @@ def _validate(config: ModelConfig) -> None:
     if config.quant_recipe is not None and config.use_kitchen:
         fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
              "recipe together with --te-precision-config-file)")
+    hybrid.validate(config, fail)
     _check_build_size(config, fail)
     from qaudit.megatron.pipeline import pipeline_layout
 
@@ -395,17 +468,20 @@ MAX_BUILT_EXPERTS = 32_768  # routed experts summed over every MoE layer built (
 
 
 def _check_build_size(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
-    layers = config.num_layers + config.mtp_depths
+    built_depths = 1 if config.mtp_use_repeated_layer else config.mtp_depths
+    mtp_layers = config.mtp_moe_layers() if config.mtp_depths else []
+    layers = config.num_layers + config.mtp_depths * len(mtp_layers)
     if layers > MAX_BUILT_LAYERS:
         key = "mtp_num_layers" if config.mtp_depths > config.num_layers else "num_layers"
+        if config.is_hybrid and config.line_of(key) is None:
+            key = hybrid.pattern_key(config)  # the pattern gave the count
+        per_depth = f" x {len(mtp_layers)} layers" if config.is_hybrid and mtp_layers else ""
         fail(key, f"the audit would build and run {layers} transformer layers (num_layers "
-             f"{config.num_layers} + mtp_num_layers {config.mtp_depths}); the limit is "
-             f"{MAX_BUILT_LAYERS}. Audit a copy with fewer layers: verdicts repeat per layer, "
+             f"{config.num_layers} + mtp_num_layers {config.mtp_depths}{per_depth}); the limit "
+             f"is {MAX_BUILT_LAYERS}. Audit a copy with fewer layers: verdicts repeat per layer, "
              "so keep the first/last BF16 layers, the MoE pattern and the MTP setting")
     if config.is_moe:
-        pattern = config.moe_layer_pattern()
-        mtp_layers = (1 if config.mtp_use_repeated_layer else config.mtp_depths) if pattern[-1] else 0
-        moe_layers = sum(pattern) + (mtp_layers if config.mtp_depths else 0)
+        moe_layers = sum(config.moe_layer_pattern()) + built_depths * sum(mtp_layers)
         experts = config.num_moe_experts * moe_layers
         if experts > MAX_BUILT_EXPERTS:
             fail("num_moe_experts", f"the audit would build {experts} routed experts "

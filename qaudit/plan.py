@@ -38,8 +38,21 @@ def mtp_ambient(config: ModelConfig) -> Quant | None:
     return config.global_fp8()
 
 
+def hybrid_mtp_layer_ambient(config: ModelConfig, inner_index: int) -> Quant | None:
+    """A layer inside a hybrid MTP depth: the MTP's fp8 context, or, under fp4, the inner
+    HybridStack's own per-layer fp4 context with the BF16 rule on the inner index (0-based
+    within the depth), since that stack opens contexts for fp8 and fp4 alike (docs/hybrid.md)."""
+    if config.fp8:
+        return config.global_fp8()
+    if config.fp4 and not is_first_last_bf16_layer(config, inner_index):
+        return config.global_fp4()
+    return None
+
+
 def te_output_layer_enabled(config: ModelConfig) -> bool:
-    return bool(config.fp8_output_proj and config.fp8 and config.fp8_recipe == "mxfp8")
+    """HybridModel always builds Megatron's own output layer, whatever fp8_output_proj says."""
+    return bool(config.fp8_output_proj and config.fp8 and config.fp8_recipe == "mxfp8"
+                and not config.is_hybrid)
 
 
 def output_layer_ambient(config: ModelConfig) -> Quant | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 
 from qaudit.config import ModelConfig
+from qaudit.hybrid import mixer_widths
+from qaudit.megatron.hybrid_pattern import ATTENTION, MAMBA, MOE
 
 # A --full-size audit keeps, per parameter, the float32 weight, its main_grad, a quantized
 # workspace copy and the gradient scratch of one backward.
@@ -32,13 +34,43 @@ def layer_params(config: ModelConfig, moe: bool) -> int:
 
 
 
+def hybrid_layer_params(config: ModelConfig, symbol: str) -> int:
+    """Weights of one hybrid layer: each holds a single sublayer (docs/hybrid.md)."""
+    h = config.hidden_size
+    if symbol == MAMBA:
+        d_inner, _, in_proj = mixer_widths(config)
+        return h * in_proj + d_inner * h
+    attention_and_dense = layer_params(config, moe=False)
+    mlp = h * config.ffn_hidden_size * (2 if config.gated_linear_unit else 1) \
+        + config.ffn_hidden_size * h
+    if symbol == ATTENTION:
+        return attention_and_dense - mlp
+    if symbol == MOE:
+        return layer_params(config, moe=True) - (attention_and_dense - mlp)
+    return mlp
+
+
+def mtp_depth_params(config: ModelConfig) -> int:
+    """One MTP depth: eh_proj plus its layer (GPT) or its pattern's layers (hybrid)."""
+    pattern = config.hybrid_pattern()
+    if pattern is not None:
+        inner = sum(hybrid_layer_params(config, symbol) for symbol in pattern.mtp or "")
+    else:
+        inner = layer_params(config, config.moe_layer_pattern()[-1])
+    return inner + 2 * config.hidden_size ** 2
+
+
 def model_params(config: ModelConfig) -> int:
     """Every weight the audit builds: embedding, decoder, MTP layers and output layer."""
     vocab = config.vocab_size or 32000
     h = config.hidden_size
-    layers = sum(layer_params(config, moe) for moe in config.moe_layer_pattern())
+    pattern = config.hybrid_pattern()
+    if pattern is not None:
+        layers = sum(hybrid_layer_params(config, symbol) for symbol in pattern.main)
+    else:
+        layers = sum(layer_params(config, moe) for moe in config.moe_layer_pattern())
     mtp_count = 1 if config.mtp_use_repeated_layer else config.mtp_depths
-    mtp = mtp_count * (layer_params(config, config.moe_layer_pattern()[-1]) + 2 * h * h)
+    mtp = mtp_count * mtp_depth_params(config) if config.mtp_depths else 0
     output = 0 if config.share_embeddings_and_output_weights else vocab * h
     return vocab * h + layers + mtp + output
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from qaudit.config import ModelConfig
 from qaudit.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
-from qaudit.sizes import layer_params
+from qaudit.sizes import mtp_depth_params
 from qaudit.report import Report
 from qaudit.yamlio import YamlMap
 
@@ -64,8 +64,7 @@ def suggest(config: ModelConfig, recipe: QuantRecipe | None, options, report: Re
     plain = replace(options, verify=False, compare_policies=False)
     candidates = []
     if config.mtp_use_repeated_layer and any(m.startswith("mtp.") for m in failing):
-        extra = (config.mtp_depths - 1) * (layer_params(config, config.moe_layer_pattern()[-1])
-                                           + 2 * config.hidden_size ** 2)
+        extra = (config.mtp_depths - 1) * mtp_depth_params(config)
         candidates.append(("one MTP layer per depth", replace(config, mtp_use_repeated_layer=False),
                            recipe, plain,
                            f"memory: +{extra / 1e9:.2f} B parameters ({_gib(extra)} of weights, "

@@ -39,7 +39,7 @@ FULL = os.environ.get("QAUDIT_CORPUS_FULL") == "1"
 
 # What an exit 2 may say: an unsupported feature, or a value the file does not contain.
 ACCEPTED_REFUSALS = re.compile(
-    r"models are not modelled and --num-layers is not given"  # hybrid (Mamba), T5
+    r"models are not modelled and --num-layers is not given"  # T5, heterogeneous layers
     r"|transformer-impl local: no TE modules"
     r"|the audit would build \d+ routed experts"  # beyond the size the audit builds
     r"|, and the audit needs it; (pass --set|write the value)"  # a value from outside
@@ -92,10 +92,12 @@ def _write_summary(reporter, elapsed: float) -> None:
 
 
 def te_modules(config) -> int:
-    """About how many TE modules the audit builds (sequential experts dominate)."""
-    layers = config.num_layers + config.mtp_depths
-    moe_layers = sum(config.moe_layer_pattern()) + (config.mtp_depths if config.is_moe else 0)
-    per_expert = 0 if config.moe_grouped_gemm else 2
+    """About how many TE modules the audit builds (sequential experts dominate; the hybrid
+    spec always groups its experts)."""
+    mtp_layers = config.mtp_moe_layers() if config.mtp_depths else []
+    layers = config.num_layers + config.mtp_depths * len(mtp_layers)
+    moe_layers = sum(config.moe_layer_pattern()) + config.mtp_depths * sum(mtp_layers)
+    per_expert = 0 if config.moe_grouped_gemm or config.is_hybrid else 2
     return 4 * layers + moe_layers * (config.num_moe_experts or 0) * per_expert
 
 
@@ -185,3 +187,41 @@ def test_repeated_mtp_layer_runs_twice_per_microbatch():
     mtp = _rows(report, r"mtp\.layers\.\d+\..*")
     assert mtp and all(".layers.0." in name for name in mtp)
     assert {r.calls_per_microbatch for r in mtp.values() if r.tracked != "-"} == {2}
+
+
+# --- hybrid (Mamba) models ------------------------------------------------------------------
+
+def test_hybrid_pipe_segments_are_stages_and_virtual_chunks():
+    report = _report("hybrid__hybrid_mr_mcore_te_tp1_pp2_vpp2_cp1_dgx_a100_1N8G.yaml")
+    prefixes = {row.name.split("/")[0] for row in report.modules if "/" in row.name}
+    assert prefixes == {"stage0.chunk0", "stage1.chunk0", "stage0.chunk1", "stage1.chunk1",
+                        "stage1.chunk1"}
+    mixers = _rows(report, r"decoder\.layers\.\d+\.mixer\.(in|out)_proj")
+    # 'M-M-M-M*-M-|M-M-M*-M-M-|M-M*-M-M-M-|M*-M-M-M-M-': 5 Mamba layers in every segment.
+    assert len(mixers) == 2 * 5 * 4
+    assert "stage1.chunk1/decoder.layers.0.mixer.in_proj" in mixers
+    assert "stage1.chunk1/decoder.layers.1.self_attention.linear_qkv" in report_names(report)
+
+
+def report_names(report) -> set[str]:
+    return {row.name for row in report.modules}
+
+
+def test_hybrid_moe_mtp_in_mxfp8_with_first_last_layers_bf16():
+    report = _report("nemotron__nemotron3_super_release_gb200.yaml")
+    # --num-layers-at-start-in-bf16 0, --num-layers-at-end-in-bf16 14: layers 74-87 stay BF16.
+    for module in (r"mixer\.in_proj", r"mlp\.experts\.linear_fc1"):
+        precision = _precision_by_layer(report, module)
+        assert {p for layer, p in precision.items() if layer < 74} == {"fp8/mxfp8"}
+        assert {p for layer, p in precision.items() if layer >= 74} == {"bf16"}
+    mtp = _rows(report, r"mtp\.layers\.\d\..*")
+    assert {r.precision for r in mtp.values()} == {"fp8/mxfp8"}  # the BF16 rule skips MTP
+    assert "mtp.layers.1.mtp_model_layer.layers.1.mlp.experts.linear_fc1" in mtp
+    assert "mtp.layers.1.mtp_model_layer.layers.0.self_attention.linear_qkv" in mtp
+
+
+def test_hybrid_override_pattern_overrides_num_layers_with_a_note():
+    config, _ = load_inputs(str(CORPUS / "functional_tests" /
+                                "hybrid__hybrid_flextron_nightly_tp2_pp1_ep2_dgx_h100_1N8G.yaml"))
+    assert (config.hybrid_layer_pattern, config.num_layers) == ("MEM*EMEM*EME*", 13)
+    assert any("--num-layers 12: ignored" in note.message for note in config.source.notes)

@@ -340,11 +340,19 @@ def test_error_from_the_config_names_the_flag(write):
         load(path)
 
 
-def test_hybrid_or_t5_without_num_layers_is_unsupported(write):
-    path = write("t.sh", "MODEL_ARGS=\"--hybrid-layer-pattern M*M- --hidden-size 8 "
+def test_t5_without_num_layers_is_unsupported(write):
+    path = write("t.sh", "MODEL_ARGS=\"--encoder-num-layers 2 --hidden-size 8 "
                          "--num-attention-heads 2\"\n")
-    with pytest.raises(InputError, match="hybrid .Mamba. models are not modelled"):
+    with pytest.raises(InputError, match="encoder-decoder .T5. models are not modelled"):
         load(path)
+
+
+def test_hybrid_pattern_in_a_launch_script_gives_num_layers(write):
+    # Unquoted, as the Nemotron-H scripts write it: no file matches the glob, bash keeps it.
+    path = write("t.sh", "MODEL_ARGS=\"--hybrid-layer-pattern M*M- --hidden-size 256 "
+                         "--num-attention-heads 2\"\n")
+    config = load(path)
+    assert (config.hybrid_layer_pattern, config.num_layers) == ("M*M-", 4)
 
 
 # --- MODEL_ARGS details ----------------------------------------------------------------------
@@ -399,7 +407,10 @@ def test_every_modelled_field_has_a_flag():
     """A field qaudit.config starts modelling needs its Megatron flag in megatron_flags."""
     from qaudit.config import MODELLED_FIELDS
     mapped = {spec.field for spec in megatron_flags.modelled_flags().values()}
-    no_flag = {"disable_parameter_transpose_cache"}  # a config field without a CLI flag
+    no_flag = {"disable_parameter_transpose_cache",  # a config field without a CLI flag
+               # HybridModel arguments: the ratios have no flag at the parser's commit, the
+               # override flag is translated to hybrid_layer_pattern (sources/hybrid_flags.py).
+               "hybrid_attention_ratio", "hybrid_mlp_ratio", "hybrid_override_pattern"}
     assert MODELLED_FIELDS - mapped - no_flag == set()
 
 
@@ -409,3 +420,36 @@ def test_multi_latent_attention_gets_the_parser_defaults(write):
     assert config.multi_latent_attention and config.v_head_dim == 64
     assert (config.q_lora_rank, config.kv_lora_rank) == (None, 32)  # not MLATransformerConfig's
     assert config.source.notes == []
+
+
+# --- moe_layer_recompute: one rule for both routes -----------------------------------------
+
+@pytest.mark.parametrize("yaml_extra, flag_extra", [
+    ("", ""),
+    ("recompute_granularity: selective\nrecompute_modules: [mlp]\n",
+     "  --recompute-granularity: selective\n  --recompute-modules: mlp\n"),
+])
+def test_moe_layer_recompute_is_selective_moe_on_both_routes(write, yaml_extra, flag_extra):
+    base = "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\nnum_moe_experts: 2\n"
+    yaml_config = load(write("c.yaml", base + "moe_layer_recompute: true\n" + yaml_extra))
+    flags_config = load(write("model_config.yaml", "MODEL_ARGS:\n  --num-layers: 2\n"
+                              "  --hidden-size: 64\n  --num-attention-heads: 4\n"
+                              "  --num-experts: 2\n  --moe-layer-recompute: true\n" + flag_extra))
+    for config in (yaml_config, flags_config):
+        assert config.recompute_granularity == "selective"
+        assert config.selective_recompute("moe")
+    assert yaml_config.recompute_modules == flags_config.recompute_modules
+    assert yaml_config.recompute_modules == (["mlp", "moe"] if yaml_extra else ["core_attn", "moe"])
+
+
+def test_moe_layer_recompute_with_full_recompute_is_refused_on_both_routes(write):
+    with pytest.raises(InputError, match=r"c.yaml:4: key 'moe_layer_recompute': cannot be "
+                                         r"combined with full recompute"):
+        load(write("c.yaml", "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+                   "moe_layer_recompute: true\nrecompute_granularity: full\n"
+                   "recompute_method: uniform\nrecompute_num_layers: 1\n"))
+    with pytest.raises(InputError, match=r"key '--moe-layer-recompute': cannot be combined"):
+        load(write("model_config.yaml", "MODEL_ARGS:\n  --num-layers: 2\n  --hidden-size: 64\n"
+                   "  --num-attention-heads: 4\n  --recompute-granularity: full\n"
+                   "  --recompute-method: uniform\n  --recompute-num-layers: 1\n"
+                   "  --moe-layer-recompute: true\n"))

@@ -1,5 +1,8 @@
 """GPTModel with Megatron's module tree: embedding, decoder, MTP block, output layer.
 
+A hybrid model (HybridModel upstream) has the same tree: its decoder and MTP layers come from
+the pattern (`hybrid_layers`), and its output layer is always Megatron's own.
+
 Ambient precision is opened where Megatron opens it (semantics.md §4): per decoder layer, per
 MTP layer, around a TE output layer. The MTP block and the output layer run once per depth,
 in upstream order: MTP depths first, then the output layer for each depth, then the main logits.
@@ -15,12 +18,13 @@ import torch.nn.functional as F
 from qaudit.config import ModelConfig
 from qaudit.megatron import wrappers as w
 from qaudit.megatron.dims import Dims
+from qaudit.megatron.hybrid_layers import HybridStack, hybrid_layers
 from qaudit.megatron.layers import Builder, TransformerLayer
 from qaudit.megatron.pipeline import chunk_prefix, is_pipelined, pipeline_layout
 from qaudit.megatron.recompute import checkpointed
 from qaudit.megatron.session import Session
-from qaudit.plan import (decoder_layer_ambient, mtp_ambient, output_layer_ambient,
-                         te_output_layer_enabled)
+from qaudit.plan import (decoder_layer_ambient, hybrid_mtp_layer_ambient, mtp_ambient,
+                         output_layer_ambient, te_output_layer_enabled)
 from qaudit.recipe import QuantRecipe
 
 MTP_LOSS_SCALING_FACTOR = 0.1
@@ -28,11 +32,16 @@ _DECODER_LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.*)")
 
 
 class TransformerBlock(torch.nn.Module):
+    """The decoder: GPT's TransformerBlock, or a hybrid model's HybridStack (the same loop:
+    per-layer ambient on the global index, full recompute per layer)."""
+
     def __init__(self, b: Builder) -> None:
         super().__init__()
         self.config, self.runtime = b.config, b.session.runtime
-        self.layers = torch.nn.ModuleList(TransformerLayer(b, moe)
-                                          for moe in b.config.moe_layer_pattern())
+        pattern = b.config.hybrid_pattern()
+        self.layers = torch.nn.ModuleList(
+            hybrid_layers(b, pattern.main) if pattern is not None
+            else [TransformerLayer(b, moe) for moe in b.config.moe_layer_pattern()])
         self.final_layernorm = torch.nn.LayerNorm(b.dims.hidden)
         self.recompute = b.config.recomputed_layers(len(self.layers))
 
@@ -52,13 +61,20 @@ class TransformerBlock(torch.nn.Module):
 
 
 class MultiTokenPredictionLayer(torch.nn.Module):
-    def __init__(self, b: Builder, moe: bool) -> None:
+    def __init__(self, b: Builder) -> None:
         super().__init__()
         hidden = b.dims.hidden
         self.enorm = torch.nn.LayerNorm(hidden)
         self.hnorm = torch.nn.LayerNorm(hidden)
         self.eh_proj = b.linear(w.TEColumnParallelLinear, 2 * hidden, hidden)
-        self.mtp_model_layer = TransformerLayer(b, moe)
+        pattern = b.config.hybrid_pattern()
+        if pattern is not None:
+            # Hybrid: a stack of the pattern's MTP layers (`mtp_model_layer.layers.J`).
+            self.mtp_model_layer = HybridStack(
+                b, pattern.mtp, lambda index: hybrid_mtp_layer_ambient(b.config, index))
+        else:
+            # GPT: one layer following the spec of the decoder's last layer.
+            self.mtp_model_layer = TransformerLayer(b, b.config.mtp_moe_layers()[0])
         self.final_layernorm = torch.nn.LayerNorm(hidden)
 
     def forward(self, hidden: torch.Tensor, embedded: torch.Tensor) -> torch.Tensor:
@@ -72,10 +88,8 @@ class MultiTokenPredictionBlock(torch.nn.Module):
         config = b.config
         self.config, self.runtime = config, b.session.runtime
         self.depths = config.mtp_depths
-        # The MTP layer follows the spec of the decoder's last layer (MoE in DeepSeek-V3).
-        moe = config.moe_layer_pattern()[-1]
         count = 1 if config.mtp_use_repeated_layer else self.depths
-        self.layers = torch.nn.ModuleList(MultiTokenPredictionLayer(b, moe) for _ in range(count))
+        self.layers = torch.nn.ModuleList(MultiTokenPredictionLayer(b) for _ in range(count))
         # Megatron recomputes MTP layers under full recompute with the uniform method.
         self.recompute = config.recompute_granularity == "full" and config.recompute_method == "uniform"
 

@@ -160,13 +160,15 @@ class SequentialExperts(torch.nn.Module):
 
 
 class MoELayer(torch.nn.Module):
-    def __init__(self, b: Builder) -> None:
+    def __init__(self, b: Builder, grouped: bool | None = None) -> None:
+        """`grouped`: None follows moe_grouped_gemm; the hybrid spec always groups experts."""
         super().__init__()
         config = b.config
         self.topk = config.moe_router_topk
         self.num_experts = config.num_moe_experts
         self.router = torch.nn.Linear(b.dims.hidden, self.num_experts, bias=False)  # not TE
-        self.experts = (GroupedExperts(b, self.num_experts) if config.moe_grouped_gemm
+        grouped = config.moe_grouped_gemm if grouped is None else grouped
+        self.experts = (GroupedExperts(b, self.num_experts) if grouped
                         else SequentialExperts(b, self.num_experts))
         self.shared_experts = ExpertMLP(b, b.dims.shared_ffn) if b.dims.shared_ffn else None
         self.recompute_shared = config.selective_recompute("shared_experts")

@@ -1,7 +1,8 @@
 """Pipeline layouts: which decoder layers each stage and virtual chunk holds (pure, no torch).
 
 Megatron splits `num_layers` over `pipeline_model_parallel_size` stages and, with virtual
-pipelining, each stage into `virtual_pipeline_model_parallel_size` model chunks. Module names
+pipelining, each stage into `virtual_pipeline_model_parallel_size` model chunks; a hybrid
+pattern's `|` separators give the chunks explicitly. Module names
 inside a chunk use the layer's position in that chunk (`decoder.layers.0` exists once per
 chunk), while the first/last BF16 rule uses the global layer index. The embedding lives on the
 first stage; MTP and the output layer on the last chunk of the last stage.
@@ -63,9 +64,22 @@ def _stage_counts(config: ModelConfig, stages: int) -> list[int]:
     return counts
 
 
+def _segment_layout(segments: tuple[str, ...], stages: int) -> list[ModelChunk]:
+    """A hybrid pattern's '|' segments: segment c * stages + s is chunk c of stage s
+    (upstream `select_pipeline_segment`); segment lengths may differ."""
+    chunks, start = [], 0
+    for index, segment in enumerate(segments):
+        chunks.append(ModelChunk(index % stages, index // stages, start, len(segment)))
+        start += len(segment)
+    return chunks
+
+
 def pipeline_layout(config: ModelConfig) -> list[ModelChunk]:
     """Every model chunk, in the order a microbatch's forward passes through them."""
     stages = config.pipeline_model_parallel_size
+    pattern = config.hybrid_pattern()
+    if pattern is not None and pattern.has_pipes:
+        return _segment_layout(pattern.segments, stages)
     vpp = config.virtual_pipeline_model_parallel_size or 1
     counts = _stage_counts(config, stages)
     if vpp == 1:

@@ -100,6 +100,8 @@ _MODELLED: dict[str, Modelled] = {
     "--recompute-modules": Modelled("recompute_modules", to_str, many=True),
     # validate_args turns it into recompute_granularity = 'selective', whatever else was given.
     "--recompute-activations": Modelled("recompute_granularity", value="selective"),
+    # TransformerConfig turns it into selective recompute of "moe" (qaudit.config does too).
+    "--moe-layer-recompute": Modelled("moe_layer_recompute"),
     "--pipeline-model-parallel-size": Modelled("pipeline_model_parallel_size", to_int),
     "--num-virtual-stages-per-pipeline-rank": Modelled("virtual_pipeline_model_parallel_size",
                                                        to_int),
@@ -115,12 +117,21 @@ _MODELLED: dict[str, Modelled] = {
     "--qk-pos-emb-head-dim": Modelled("qk_pos_emb_head_dim", to_int),
     "--v-head-dim": Modelled("v_head_dim", to_int),
     "--use-megatron-fsdp": Modelled("use_megatron_fsdp"),
+    # Hybrid (Mamba) models: translate derives num_layers, MTP depths and virtual pipelining
+    # from the pattern and handles --hybrid-override-pattern / --mtp-hybrid-override-pattern.
+    "--hybrid-layer-pattern": Modelled("hybrid_layer_pattern", to_str),
+    "--mamba-state-dim": Modelled("mamba_state_dim", to_int),
+    "--mamba-head-dim": Modelled("mamba_head_dim", to_int),
+    "--mamba-num-groups": Modelled("mamba_num_groups", to_int),
+    "--mamba-num-heads": Modelled("mamba_num_heads", to_int),
     "--data-parallel-sharding-strategy": Modelled("data_parallel_sharding_strategy", to_str),
 }
 
 # Flags that are not a field copy but still decide modelled fields (handled in translate).
-SPECIAL = frozenset({"--group-query-attention", "--moe-layer-recompute", "--transformer-impl",
-                     "--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout"})
+SPECIAL = frozenset({"--group-query-attention", "--transformer-impl",
+                     "--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout",
+                     "--hybrid-override-pattern", "--mtp-hybrid-override-pattern",
+                     "--is-hybrid-model"})
 
 
 @dataclass(frozen=True)
@@ -149,12 +160,22 @@ def _not_te(values: list[str]) -> bool:
     return not values or values[0] != "transformer_engine"
 
 
+def _not_hybrid_spec(values: list[str]) -> bool:
+    words = set(" ".join(values).strip("[]\"' ").replace(",", " ").split())
+    return not (_HYBRID_FIELD in MODELLED_FIELDS and words in _HYBRID_SPECS)
+
+
 _PIPELINE = "pipeline layouts (per-stage layer positions, per-chunk re-arming) are not modelled"
 _MLA = ("multi-latent attention is not modelled: the audit builds standard attention "
         "(linear_qkv/linear_proj) instead of the MLA projections")
 _MLA_FLAG, _MLA_FIELD = "--multi-latent-attention", "multi_latent_attention"
 _VPP = "virtual_pipeline_model_parallel_size"
 _HYBRID = "hybrid (Mamba) layers are not modelled: the audit builds a plain transformer stack"
+_HYBRID_FIELD = "hybrid_layer_pattern"
+# The spec every hybrid example passes (the module, then the spec's name); others may build
+# other modules. mamba_layer_specs is the deprecated module name of the same spec.
+_HYBRID_SPECS = ({"megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"},
+                 {"megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"})
 _GRAPHS = ("CUDA graphs are not modelled (replays bypass the wrappers; captured backward "
            "accumulates)")
 _OVERLAP = "communication overlap changes when gradients are reduced; not modelled"
@@ -192,17 +213,20 @@ UNMODELLED: dict[str, Unmodelled] = {
         "not modelled"),
     "--linear-attention-freq": Unmodelled("linear attention layers are not modelled"),
     # Hybrid / Mamba models, heterogeneous stacks, encoder-decoder models, custom specs.
-    "--is-hybrid-model": Unmodelled(_HYBRID),
-    "--hybrid-layer-pattern": Unmodelled(_HYBRID),
-    "--hybrid-override-pattern": Unmodelled(_HYBRID),
-    "--mtp-hybrid-override-pattern": Unmodelled(_HYBRID),
+    # (Modelled once qaudit.config has the pattern field; translate notes --is-hybrid-model
+    # given without a pattern.)
+    "--is-hybrid-model": Unmodelled(_HYBRID, unless_modelled=_HYBRID_FIELD),
+    "--hybrid-layer-pattern": Unmodelled(_HYBRID, unless_modelled=_HYBRID_FIELD),
+    "--hybrid-override-pattern": Unmodelled(_HYBRID, unless_modelled=_HYBRID_FIELD),
+    "--mtp-hybrid-override-pattern": Unmodelled(_HYBRID, unless_modelled=_HYBRID_FIELD),
     "--heterogeneous-layers-config-path": Unmodelled(
         "heterogeneous layer configs (per-layer shapes) are not modelled"),
     "--heterogeneous-layers-config-encoded-json": Unmodelled(
         "heterogeneous layer configs (per-layer shapes) are not modelled"),
     "--encoder-num-layers": Unmodelled("encoder-decoder (T5) models are not modelled"),
     "--decoder-num-layers": Unmodelled("encoder-decoder (T5) models are not modelled"),
-    "--spec": Unmodelled("a custom layer spec may build other modules than the TE GPT spec"),
+    "--spec": Unmodelled("a custom layer spec may build other modules than the TE GPT spec",
+                         _not_hybrid_spec),
     "--yaml-cfg": Unmodelled("arguments read from a YAML config file are not seen"),
     "--use-checkpoint-args": Unmodelled("model arguments loaded from the checkpoint are not seen"),
     "--transformer-impl": Unmodelled("only transformer_engine layers are modelled", _not_te),

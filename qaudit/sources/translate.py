@@ -14,6 +14,7 @@ from qaudit.config import MODELLED_FIELDS, SourceNote
 from qaudit.errors import InputError
 from qaudit.sources import megatron_flags as flags
 from qaudit.sources.argv import Argv, Occurrence
+from qaudit.sources.hybrid_flags import apply_hybrid
 from qaudit.sources.megatron_flags import to_int
 from qaudit.sources.tokens import External
 from qaudit.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
@@ -21,10 +22,8 @@ from qaudit.yamlio import YamlMap, short_repr
 
 REQUIRED_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads")
 # Features that replace the GPT decoder stack; without --num-layers nothing can be built.
+# (A hybrid pattern gives the layer count itself: qaudit.sources.hybrid_flags.)
 _STACK_FEATURES = {
-    "--hybrid-layer-pattern": "hybrid (Mamba) models",
-    "--hybrid-override-pattern": "hybrid (Mamba) models",
-    "--is-hybrid-model": "hybrid (Mamba) models",
     "--encoder-num-layers": "encoder-decoder (T5) models",
     "--decoder-num-layers": "encoder-decoder (T5) models",
     "--heterogeneous-layers-config-path": "heterogeneous layer configs",
@@ -143,22 +142,13 @@ class Translator:
                       f"{PARSER_COMMIT[:8]}); the audit ignores it", occurrence.line, flag)
 
     def apply_special(self) -> None:
+        if "hybrid_layer_pattern" in MODELLED_FIELDS:
+            apply_hybrid(self)
         gqa = self.last.get("--group-query-attention")
         if gqa is not None and "num_query_groups" in MODELLED_FIELDS:
             self.needed(gqa)
             if "num_query_groups" not in self.mapping:
                 self.set("num_query_groups", 1, gqa.line, gqa.flag)  # the parser's default
-        recompute = self.last.get("--moe-layer-recompute")
-        if recompute is not None and {"recompute_granularity", "recompute_modules"} <= MODELLED_FIELDS:
-            self.needed(recompute)
-            if self.mapping.get("recompute_granularity") == "full":
-                raise InputError("cannot be combined with full recompute (TransformerConfig "
-                                 "rejects it)", file=self.file, line=recompute.line,
-                                 key="--moe-layer-recompute")
-            modules = list(self.mapping.get("recompute_modules") or ["core_attn"])
-            self.set("recompute_granularity", "selective", recompute.line, recompute.flag)
-            self.set("recompute_modules", modules + (["moe"] if "moe" not in modules else []),
-                     recompute.line, recompute.flag)
         self.fill_ffn_default()
         self.pipeline()
         mla = self.last.get("--multi-latent-attention")
@@ -222,7 +212,7 @@ class Translator:
 
     def check_required(self) -> None:
         for flag in REQUIRED_FLAGS:
-            if flag in self.last:
+            if flag in self.last or (flag == "--num-layers" and "num_layers" in self.mapping):
                 continue
             features = sorted({name for f, name in _STACK_FEATURES.items() if self.given(f)})
             if features and flag == "--num-layers":
