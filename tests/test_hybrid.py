@@ -30,6 +30,16 @@ def rows(report) -> dict[str, object]:
 
 # --- the pattern ---------------------------------------------------------------------------
 
+
+def assert_refused(path: str, where: str, key: str, words: tuple[str, ...]) -> None:
+    """Loading `path` fails with a message naming the file (`where`), the key and `words`."""
+    with pytest.raises(InputError) as info:
+        load_inputs(path)
+    message = str(info.value)
+    assert f"key '{key}'" in message and where in message
+    for word in words:
+        assert word in message
+
 def test_pattern_splits_pipeline_segments_and_mtp_depths():
     parsed = parse_pattern("M-M*|M-ME/*E/*E")
     assert parsed.segments == ("M-M*", "M-ME") and parsed.main == "M-M*M-ME"
@@ -129,13 +139,7 @@ def test_both_mixer_linears_get_exact_gradients(write_yaml):
      ("cannot be combined",)),
 ])
 def test_bad_hybrid_yaml_names_file_line_and_key(write_yaml, extra, key, words):
-    path = write_yaml("bad.yaml", BASE + extra)
-    with pytest.raises(InputError) as info:
-        load_inputs(path)
-    message = str(info.value)
-    assert f"key '{key}'" in message and "bad.yaml:" in message
-    for word in words:
-        assert word in message
+    assert_refused(write_yaml("bad.yaml", BASE + extra), "bad.yaml:", key, words)
 
 
 def test_ratios_build_a_pattern(write_yaml):
@@ -255,13 +259,7 @@ def test_mtp_num_layers_without_mtp_pattern_builds_no_mtp(write_yaml):
     ("--hybrid-layer-pattern: MZ\n", "--hybrid-layer-pattern", ("'Z'",)),
 ])
 def test_bad_hybrid_flags_name_file_line_and_flag(write_yaml, extra, flag, words):
-    path = flags(write_yaml, FLAGS + extra)
-    with pytest.raises(InputError) as info:
-        load_inputs(path)
-    message = str(info.value)
-    assert f"key '{flag}'" in message and "model_config.yaml:" in message
-    for word in words:
-        assert word in message
+    assert_refused(flags(write_yaml, FLAGS + extra), "model_config.yaml:", flag, words)
 
 
 def test_is_hybrid_model_without_pattern_is_noted(write_yaml):
