@@ -26,8 +26,9 @@ def _cast_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
 
 
 def _amax(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
-    """max |x| over `dim`, kept for broadcasting, in one pass (abs() then amax() takes two)."""
-    return torch.linalg.vector_norm(x, ord=float("inf"), dim=dim, keepdim=True)
+    """max |x| over `dim`, kept for broadcasting. (abs then amax: on CPU, 1.4x to 10x faster
+    than the one-pass vector_norm(ord=inf) at the audit's sizes.)"""
+    return x.abs().amax(dim=dim, keepdim=True)
 
 
 def _blocks(x: torch.Tensor, size: int) -> tuple[torch.Tensor, int]:
@@ -47,7 +48,7 @@ def _tensor_amax(x: torch.Tensor, stacked: bool) -> torch.Tensor:
     """amax of the whole tensor, or of each slice along dim 0 for a stack of weights."""
     if stacked:
         return _amax(x, tuple(range(1, x.dim())))
-    return torch.linalg.vector_norm(x, ord=float("inf"))
+    return x.abs().amax()
 
 
 def _per_tensor(x: torch.Tensor, fmt: str, stacked: bool) -> torch.Tensor:
