@@ -11,7 +11,9 @@ others waiting for its messages, so each phase that can fail on bad input is agr
 
 from __future__ import annotations
 
+import ctypes
 import os
+import pickle
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
@@ -98,12 +100,23 @@ def exit_together(code: int) -> None:
 
 
 def all_gather(value: object) -> list:
-    """Every rank's `value`, in rank order, on every rank."""
+    """Every rank's `value`, in rank order, on every rank. Our own pickle-over-bytes, not
+    torch's all_gather_object: that one needs numpy, which qaudit does not depend on. The
+    bytes come from this job's own processes, as with torch's."""
+    import torch
     import torch.distributed as dist
 
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered
+    data = pickle.dumps(value)
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    longest = max(int(s) for s in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    received = [torch.empty(longest, dtype=torch.uint8) for _ in sizes]
+    dist.all_gather(received, mine)
+    return [pickle.loads(ctypes.string_at(chunk.data_ptr(), int(n)))
+            for chunk, n in zip(received, sizes)]
 
 
 def agreed(world: World | None, phase: Callable[[], T]) -> T:
