@@ -198,3 +198,13 @@ def test_cli_audits_a_t5_flag_file(write_yaml, capsys, monkeypatch):
     assert code == 0
     assert "decoder.layers.[0-1].cross_attention.linear_kv" in out
     assert "encoder.layers.[0-1].self_attention.linear_qkv" in out
+
+
+def test_torchrun_refuses_t5_before_building(write_yaml):
+    from qaudit.audit import check_world_matches_stages
+    from qaudit.distributed import World
+    from qaudit.errors import InputError
+
+    config = load_inputs(write_yaml("t.yaml", BASE + "encoder_num_layers: 2\nnum_layers: 2\n"))[0]
+    with pytest.raises(InputError, match="T5.*cannot be pipelined.*without torchrun"):
+        check_world_matches_stages(config, World(0, 2))
