@@ -180,6 +180,12 @@ def _merge_stages(per_rank: list[tuple[dict, dict, dict]]) -> tuple[dict, dict, 
 
 
 def check_world_matches_stages(config: ModelConfig, world: World) -> None:
+    if config.is_t5:
+        # Megatron cannot pipeline T5, and torchrun here means one pipeline stage per process.
+        raise InputError("encoder-decoder (T5) models cannot be pipelined (Megatron's "
+                         "pretrain_t5.py rejects it): run qaudit without torchrun",
+                         file=config.file, line=config.line_of("encoder_num_layers"),
+                         key="encoder_num_layers")
     stages = config.pipeline_model_parallel_size
     if world.size != stages:
         raise InputError(f"torchrun started {world.size} processes but the model has {stages} "

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from qaudit import hybrid
+from qaudit import hybrid, t5
 from qaudit.errors import InputError
 from qaudit.megatron.hybrid_pattern import MOE, HybridPattern, parse_pattern
 from qaudit.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
@@ -85,6 +85,10 @@ class ModelConfig:
     mamba_head_dim: int = 64
     mamba_num_groups: int = 8
     mamba_num_heads: int | None = None
+    # Encoder-decoder (T5) models: the encoder's layer count (Megatron's argument name; T5Model's
+    # `encoder_config.num_layers`). Set, it makes the model a T5Model whose decoder has
+    # `num_layers` layers. See qaudit/t5.py.
+    encoder_num_layers: int | None = None
     # Where each key was written; not a model field.
     source: "ConfigSource" = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -100,6 +104,10 @@ class ModelConfig:
     @property
     def is_hybrid(self) -> bool:
         return self.hybrid_layer_pattern is not None
+
+    @property
+    def is_t5(self) -> bool:
+        return self.encoder_num_layers is not None
 
     def hybrid_pattern(self) -> HybridPattern | None:
         return parse_pattern(self.hybrid_layer_pattern) if self.is_hybrid else None
@@ -331,6 +339,7 @@ _CHECKS: dict[str, Check] = {
     "mamba_head_dim": _POSITIVE,
     "mamba_num_groups": _POSITIVE,
     "mamba_num_heads": _optional(_POSITIVE),
+    "encoder_num_layers": _optional(_POSITIVE),
 }
 MODELLED_FIELDS = frozenset(f.name for f in fields(ModelConfig) if f.name != "source")
 assert MODELLED_FIELDS == frozenset(_CHECKS), "every modelled field needs a check"
@@ -376,6 +385,7 @@ def config_from_mapping(mapping: YamlMap, source: ConfigSource) -> ModelConfig:
     values.setdefault("num_layers", 0)  # a hybrid pattern gives it (hybrid.resolve)
     config = ModelConfig(**values, source=source)
     hybrid.resolve(config, given)
+    t5.resolve(config, given)
     _fill_defaults(config)
     _validate(config)
     return config
@@ -423,9 +433,10 @@ def _validate(config: ModelConfig) -> None:
         if not (config.fp8 and config.fp8_recipe == "mxfp8"):
             fail("fp8_output_proj", "needs fp8 with fp8_recipe: mxfp8 (TransformerConfig rejects it)")
         # One stage holds both: the TE head cannot take the embedding's weight. With
-        # pipelining the last stage has its own copy of it. (HybridModel never builds it.)
+        # pipelining the last stage has its own copy of it. (HybridModel and T5Model never
+        # build it.)
         if config.share_embeddings_and_output_weights and config.pipeline_model_parallel_size == 1 \
-                and not config.is_hybrid:
+                and not config.is_hybrid and not config.is_t5:
             fail("fp8_output_proj", "a TE output layer cannot use the embedding's weight: set "
                  "share_embeddings_and_output_weights: false")
     if config.fp8 and config.first_last_layers_bf16:
@@ -453,6 +464,7 @@ def _validate(config: ModelConfig) -> None:
         fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
              "recipe together with --te-precision-config-file)")
     hybrid.validate(config, fail)
+    t5.validate(config, fail)
     _check_build_size(config, fail)
     from qaudit.megatron.pipeline import pipeline_layout
 
@@ -463,21 +475,25 @@ def _validate(config: ModelConfig) -> None:
 # shrink), so these bound its time and memory. The biggest real models fit with room to spare:
 # Llama-3.1-405B has 126 layers, Qwen3-235B 94 x 128 experts, DeepSeek-V3 61 layers with 256
 # experts in 58 MoE layers + MTP (~15,000 experts built), Kimi-K2 ~23,000.
-MAX_BUILT_LAYERS = 1024     # decoder layers + MTP depths, each run on every microbatch
+MAX_BUILT_LAYERS = 1024     # decoder (+ T5 encoder) layers + MTP depths, each run every microbatch
 MAX_BUILT_EXPERTS = 32_768  # routed experts summed over every MoE layer built (decoder + MTP)
 
 
 def _check_build_size(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
     built_depths = 1 if config.mtp_use_repeated_layer else config.mtp_depths
     mtp_layers = config.mtp_moe_layers() if config.mtp_depths else []
-    layers = config.num_layers + config.mtp_depths * len(mtp_layers)
+    encoder = config.encoder_num_layers or 0
+    layers = config.num_layers + encoder + config.mtp_depths * len(mtp_layers)
     if layers > MAX_BUILT_LAYERS:
         key = "mtp_num_layers" if config.mtp_depths > config.num_layers else "num_layers"
+        if encoder > config.num_layers and config.line_of("encoder_num_layers") is not None:
+            key = "encoder_num_layers"
+        t5_part = f" + encoder_num_layers {encoder}" if encoder else ""
         if config.is_hybrid and config.line_of(key) is None:
             key = hybrid.pattern_key(config)  # the pattern gave the count
         per_depth = f" x {len(mtp_layers)} layers" if config.is_hybrid and mtp_layers else ""
         fail(key, f"the audit would build and run {layers} transformer layers (num_layers "
-             f"{config.num_layers} + mtp_num_layers {config.mtp_depths}{per_depth}); the limit "
+             f"{config.num_layers}{t5_part} + mtp_num_layers {config.mtp_depths}{per_depth}); the limit "
              f"is {MAX_BUILT_LAYERS}. Audit a copy with fewer layers: verdicts repeat per layer, "
              "so keep the first/last BF16 layers, the MoE pattern and the MTP setting")
     if config.is_moe:

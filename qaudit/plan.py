@@ -11,25 +11,30 @@ from qaudit.precision import Quant
 from qaudit.recipe import TERecipe
 
 
-def is_first_last_bf16_layer(config: ModelConfig, layer_index: int) -> bool:
-    """Megatron's rule on the global 0-based layer index."""
+def is_first_last_bf16_layer(config: ModelConfig, layer_index: int,
+                             num_layers: int | None = None) -> bool:
+    """Megatron's rule on the global 0-based layer index; `num_layers`: the block's own count
+    where it differs from config.num_layers (a T5 encoder's config copy)."""
     if not config.first_last_layers_bf16 or layer_index < 0:
         return False
+    count = config.num_layers if num_layers is None else num_layers
     return (layer_index < config.num_layers_at_start_in_bf16
-            or layer_index >= config.num_layers - config.num_layers_at_end_in_bf16)
+            or layer_index >= count - config.num_layers_at_end_in_bf16)
 
 
-def decoder_layer_ambient(config: ModelConfig, layer_index: int) -> Quant | None:
-    """Ambient precision of decoder layer `layer_index` (global, 0-based)."""
+def decoder_layer_ambient(config: ModelConfig, layer_index: int,
+                          num_layers: int | None = None) -> Quant | None:
+    """Ambient precision of decoder layer `layer_index` (global, 0-based); also a T5 encoder
+    layer's, with the encoder's `num_layers` (its block opens the same contexts)."""
     fp8 = config.global_fp8()
     if fp8 is not None:
         # Delayed scaling wraps the whole block in one autocast: no first/last exception.
         if fp8.recipe == "delayed":
             return fp8
-        return None if is_first_last_bf16_layer(config, layer_index) else fp8
+        return None if is_first_last_bf16_layer(config, layer_index, num_layers) else fp8
     fp4 = config.global_fp4()
     if fp4 is not None:
-        return None if is_first_last_bf16_layer(config, layer_index) else fp4
+        return None if is_first_last_bf16_layer(config, layer_index, num_layers) else fp4
     return None
 
 
@@ -50,9 +55,10 @@ def hybrid_mtp_layer_ambient(config: ModelConfig, inner_index: int) -> Quant | N
 
 
 def te_output_layer_enabled(config: ModelConfig) -> bool:
-    """HybridModel always builds Megatron's own output layer, whatever fp8_output_proj says."""
+    """HybridModel and T5Model (T5LMHead) always build Megatron's own output layer, whatever
+    fp8_output_proj says."""
     return bool(config.fp8_output_proj and config.fp8 and config.fp8_recipe == "mxfp8"
-                and not config.is_hybrid)
+                and not config.is_hybrid and not config.is_t5)
 
 
 def output_layer_ambient(config: ModelConfig) -> Quant | None:

@@ -61,7 +61,8 @@ def mtp_depth_params(config: ModelConfig) -> int:
 
 
 def model_params(config: ModelConfig) -> int:
-    """Every weight the audit builds: embedding, decoder, MTP layers and output layer."""
+    """Every weight the audit builds: embedding, decoder (and a T5 encoder), MTP layers and
+    output layer."""
     vocab = config.vocab_size or 32000
     h = config.hidden_size
     pattern = config.hybrid_pattern()
@@ -69,6 +70,10 @@ def model_params(config: ModelConfig) -> int:
         layers = sum(hybrid_layer_params(config, symbol) for symbol in pattern.main)
     else:
         layers = sum(layer_params(config, moe) for moe in config.moe_layer_pattern())
+    if config.is_t5:
+        # Encoder layers as GPT's dense ones; decoder layers add cross-attention (q, kv, proj).
+        cross = 4 * h * config.num_attention_heads * config.kv_channels
+        layers += config.encoder_num_layers * layer_params(config, False) + config.num_layers * cross
     mtp_count = 1 if config.mtp_use_repeated_layer else config.mtp_depths
     mtp = mtp_count * mtp_depth_params(config) if config.mtp_depths else 0
     output = 0 if config.share_embeddings_and_output_weights else vocab * h

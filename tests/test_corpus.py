@@ -39,7 +39,7 @@ FULL = os.environ.get("QAUDIT_CORPUS_FULL") == "1"
 
 # What an exit 2 may say: an unsupported feature, or a value the file does not contain.
 ACCEPTED_REFUSALS = re.compile(
-    r"models are not modelled and --num-layers is not given"  # T5, heterogeneous layers
+    r"models are not modelled and --num-layers is not given"  # heterogeneous layers
     r"|transformer-impl local: no TE modules"
     r"|the audit would build \d+ routed experts"  # beyond the size the audit builds
     r"|, and the audit needs it; (pass --set|write the value)"  # a value from outside
@@ -93,9 +93,9 @@ def _write_summary(reporter, elapsed: float) -> None:
 
 def te_modules(config) -> int:
     """About how many TE modules the audit builds (sequential experts dominate; the hybrid
-    spec always groups its experts)."""
+    spec always groups its experts; a T5 encoder adds its layers)."""
     mtp_layers = config.mtp_moe_layers() if config.mtp_depths else []
-    layers = config.num_layers + config.mtp_depths * len(mtp_layers)
+    layers = config.num_layers + (config.encoder_num_layers or 0) + config.mtp_depths * len(mtp_layers)
     moe_layers = sum(config.moe_layer_pattern()) + config.mtp_depths * sum(mtp_layers)
     per_expert = 0 if config.moe_grouped_gemm or config.is_hybrid else 2
     return 4 * layers + moe_layers * (config.num_moe_experts or 0) * per_expert
@@ -225,3 +225,17 @@ def test_hybrid_override_pattern_overrides_num_layers_with_a_note():
                                 "hybrid__hybrid_flextron_nightly_tp2_pp1_ep2_dgx_h100_1N8G.yaml"))
     assert (config.hybrid_layer_pattern, config.num_layers) == ("MEM*EMEM*EME*", 13)
     assert any("--num-layers 12: ignored" in note.message for note in config.source.notes)
+
+
+# --- encoder-decoder (T5) models ------------------------------------------------------------
+
+def test_t5_builds_encoder_and_decoder_with_cross_attention():
+    report = _report("t5__t5_mcore_te_tp2_pp1_vp1.yaml")
+    for block in ("encoder", "decoder"):
+        assert len(_rows(report, rf"{block}\.layers\.\d+\.mlp\.linear_fc1")) == 12
+    cross = _rows(report, r"decoder\.layers\.\d+\.cross_attention\..*")
+    assert len(cross) == 3 * 12
+    assert not _rows(report, r"encoder\.layers\.\d+\.cross_attention\..*")
+    assert {(r.precision, r.calls_per_microbatch) for r in report.modules} == {("bf16", 1)}
+    assert report.modules[-1].name == "lm_head.output_layer"
+    assert report.findings == []

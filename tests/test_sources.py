@@ -340,13 +340,6 @@ def test_error_from_the_config_names_the_flag(write):
         load(path)
 
 
-def test_t5_without_num_layers_is_unsupported(write):
-    path = write("t.sh", "MODEL_ARGS=\"--encoder-num-layers 2 --hidden-size 8 "
-                         "--num-attention-heads 2\"\n")
-    with pytest.raises(InputError, match="encoder-decoder .T5. models are not modelled"):
-        load(path)
-
-
 def test_hybrid_pattern_in_a_launch_script_gives_num_layers(write):
     # Unquoted, as the Nemotron-H scripts write it: no file matches the glob, bash keeps it.
     path = write("t.sh", "MODEL_ARGS=\"--hybrid-layer-pattern M*M- --hidden-size 256 "

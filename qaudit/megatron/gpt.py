@@ -10,17 +10,15 @@ in upstream order: MTP depths first, then the output layer for each depth, then 
 
 from __future__ import annotations
 
-import re
-
 import torch
-import torch.nn.functional as F
 
 from qaudit.config import ModelConfig
 from qaudit.megatron import wrappers as w
 from qaudit.megatron.dims import Dims
 from qaudit.megatron.hybrid_layers import HybridStack, hybrid_layers
+from qaudit.megatron.language_model import LanguageModel
 from qaudit.megatron.layers import Builder, TransformerLayer
-from qaudit.megatron.pipeline import chunk_prefix, is_pipelined, pipeline_layout
+from qaudit.megatron.pipeline import is_pipelined
 from qaudit.megatron.recompute import checkpointed
 from qaudit.megatron.session import Session
 from qaudit.plan import (decoder_layer_ambient, hybrid_mtp_layer_ambient, mtp_ambient,
@@ -28,7 +26,6 @@ from qaudit.plan import (decoder_layer_ambient, hybrid_mtp_layer_ambient, mtp_am
 from qaudit.recipe import QuantRecipe
 
 MTP_LOSS_SCALING_FACTOR = 0.1
-_DECODER_LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.*)")
 
 
 class TransformerBlock(torch.nn.Module):
@@ -106,14 +103,10 @@ class MultiTokenPredictionBlock(torch.nn.Module):
         return outputs
 
 
-class GPTModel(torch.nn.Module):
+class GPTModel(LanguageModel):
     def __init__(self, config: ModelConfig, dims: Dims, session: Session) -> None:
-        super().__init__()
+        super().__init__(config, dims, session)
         b = Builder(config, dims, session)
-        self.config, self.dims, self.runtime = config, dims, session.runtime
-        self.policy = session.policy
-        # Where the runtime computes (TE modules: CUDA); build_model moves everything there.
-        self.device = torch.device(getattr(session.runtime, "device", "cpu"))
         self.embedding = torch.nn.Module()
         self.embedding.word_embeddings = torch.nn.Embedding(dims.vocab, dims.hidden)
         self.decoder = TransformerBlock(b)
@@ -129,35 +122,6 @@ class GPTModel(torch.nn.Module):
             # Megatron marks the tied weight so that DDP adds the embedding's own gradient
             # beside what the fused output-layer wgrad wrote (semantics.md §1.3).
             self.embedding.word_embeddings.weight.zero_out_wgrad = True
-        self._armed_modules: list[torch.nn.Module] | None = None
-
-    def finish_init(self, recipe: QuantRecipe | None) -> None:
-        """Bind names and recipes as each model chunk's walk does upstream: names are local to
-        the chunk (`decoder.layers.<position in chunk>`), MTP and output on the last chunk."""
-        layout = pipeline_layout(self.config)
-        chunk_of_layer = {layer: chunk for chunk in layout for layer in chunk.layers}
-        for fqn, module in self.named_modules():
-            if not isinstance(module, w.AuditedModule):
-                continue
-            chunk, local = layout[-1], fqn
-            match = _DECODER_LAYER.match(fqn)
-            if match:
-                chunk = chunk_of_layer[int(match.group(1))]
-                local = f"decoder.layers.{int(match.group(1)) - chunk.first_layer}.{match.group(2)}"
-            module.stage, module.chunk = chunk.stage, chunk.chunk
-            module.finish_init(chunk_prefix(chunk, self.config) + local, recipe, match_name=local)
-
-    def audited_modules(self) -> list[w.AuditedModule]:
-        return [m for m in self.modules() if isinstance(m, w.AuditedModule)]
-
-    def set_is_first_microbatch(self) -> None:
-        """Re-arm every module's flag, when the policy's predicate says so (§2.2)."""
-        if not self.policy.rearms(self.config):
-            return
-        if self._armed_modules is None:
-            self._armed_modules = [m for m in self.modules() if hasattr(m, "is_first_microbatch")]
-        for module in self._armed_modules:
-            module.is_first_microbatch = True
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if isinstance(self.output_layer, w.ColumnParallelLinear):
@@ -187,15 +151,14 @@ class GPTModel(torch.nn.Module):
             loss = loss + MTP_LOSS_SCALING_FACTOR * torch.stack(mtp_losses).mean()
         return loss
 
-    @staticmethod
-    def _loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.transpose(0, 1).reshape(-1, logits.shape[-1]), labels.reshape(-1))
-
 
 def build_model(config: ModelConfig, dims: Dims, session: Session,
-                recipe: QuantRecipe | None, seed: int = 0) -> GPTModel:
+                recipe: QuantRecipe | None, seed: int = 0) -> LanguageModel:
+    """A GPTModel (hybrid included), or a T5Model when the config has an encoder."""
+    from qaudit.megatron.t5_model import T5Model  # its layers build on this module's blocks
+
     torch.manual_seed(seed)
-    model = GPTModel(config, dims, session)
+    model = (T5Model if config.is_t5 else GPTModel)(config, dims, session)
     model.finish_init(recipe)
     # Built on CPU (same seeded weights on every device), then moved to the runtime's device;
     # TE modules are created on CUDA already.

@@ -43,10 +43,11 @@ class Builder:
 
 
 class SelfAttention(torch.nn.Module):
-    def __init__(self, b: Builder) -> None:
+    def __init__(self, b: Builder, causal: bool = True) -> None:
+        """`causal`: False for a T5 encoder (its spec uses a padding mask)."""
         super().__init__()
         d = b.dims
-        self.dims = d
+        self.dims, self.causal = d, causal
         self.linear_qkv = b.layernorm_linear(d.hidden, d.qkv_out)
         self.linear_proj = b.linear(w.TERowParallelLinear, d.heads * d.kv_channels, d.hidden)
 
@@ -63,7 +64,7 @@ class SelfAttention(torch.nn.Module):
         q, k, v = heads(q, d.heads), heads(k, d.query_groups), heads(v, d.query_groups)
         repeat = d.heads // d.query_groups
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         ctx = ctx.permute(2, 0, 1, 3).reshape(s, batch, d.heads * d.kv_channels)
         return self.linear_proj(ctx)
 

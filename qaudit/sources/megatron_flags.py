@@ -125,13 +125,15 @@ _MODELLED: dict[str, Modelled] = {
     "--mamba-num-groups": Modelled("mamba_num_groups", to_int),
     "--mamba-num-heads": Modelled("mamba_num_heads", to_int),
     "--data-parallel-sharding-strategy": Modelled("data_parallel_sharding_strategy", to_str),
+    # Encoder-decoder (T5): translate sets num_layers too and handles --decoder-num-layers.
+    "--encoder-num-layers": Modelled("encoder_num_layers", to_int),
 }
 
 # Flags that are not a field copy but still decide modelled fields (handled in translate).
 SPECIAL = frozenset({"--group-query-attention", "--transformer-impl",
                      "--num-layers-per-virtual-pipeline-stage", "--pipeline-model-parallel-layout",
                      "--hybrid-override-pattern", "--mtp-hybrid-override-pattern",
-                     "--is-hybrid-model"})
+                     "--is-hybrid-model", "--decoder-num-layers"})
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,7 @@ _HYBRID_FIELD = "hybrid_layer_pattern"
 # other modules. mamba_layer_specs is the deprecated module name of the same spec.
 _HYBRID_SPECS = ({"megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"},
                  {"megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"})
+_T5, _T5_FIELD = "encoder-decoder (T5) models are not modelled", "encoder_num_layers"
 _GRAPHS = ("CUDA graphs are not modelled (replays bypass the wrappers; captured backward "
            "accumulates)")
 _OVERLAP = "communication overlap changes when gradients are reduced; not modelled"
@@ -223,8 +226,8 @@ UNMODELLED: dict[str, Unmodelled] = {
         "heterogeneous layer configs (per-layer shapes) are not modelled"),
     "--heterogeneous-layers-config-encoded-json": Unmodelled(
         "heterogeneous layer configs (per-layer shapes) are not modelled"),
-    "--encoder-num-layers": Unmodelled("encoder-decoder (T5) models are not modelled"),
-    "--decoder-num-layers": Unmodelled("encoder-decoder (T5) models are not modelled"),
+    "--encoder-num-layers": Unmodelled(_T5, unless_modelled=_T5_FIELD),
+    "--decoder-num-layers": Unmodelled(_T5, unless_modelled=_T5_FIELD),
     "--spec": Unmodelled("a custom layer spec may build other modules than the TE GPT spec",
                          _not_hybrid_spec),
     "--yaml-cfg": Unmodelled("arguments read from a YAML config file are not seen"),

@@ -15,6 +15,7 @@ from qaudit.errors import InputError
 from qaudit.sources import megatron_flags as flags
 from qaudit.sources.argv import Argv, Occurrence
 from qaudit.sources.hybrid_flags import apply_hybrid
+from qaudit.sources.t5_flags import apply_t5
 from qaudit.sources.megatron_flags import to_int
 from qaudit.sources.tokens import External
 from qaudit.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
@@ -22,10 +23,9 @@ from qaudit.yamlio import YamlMap, short_repr
 
 REQUIRED_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads")
 # Features that replace the GPT decoder stack; without --num-layers nothing can be built.
-# (A hybrid pattern gives the layer count itself: qaudit.sources.hybrid_flags.)
+# (A hybrid pattern gives the layer count itself: qaudit.sources.hybrid_flags; a T5 model's
+# encoder count does: qaudit.sources.t5_flags.)
 _STACK_FEATURES = {
-    "--encoder-num-layers": "encoder-decoder (T5) models",
-    "--decoder-num-layers": "encoder-decoder (T5) models",
     "--heterogeneous-layers-config-path": "heterogeneous layer configs",
 }
 
@@ -144,6 +144,8 @@ class Translator:
     def apply_special(self) -> None:
         if "hybrid_layer_pattern" in MODELLED_FIELDS:
             apply_hybrid(self)
+        if "encoder_num_layers" in MODELLED_FIELDS:
+            apply_t5(self)
         gqa = self.last.get("--group-query-attention")
         if gqa is not None and "num_query_groups" in MODELLED_FIELDS:
             self.needed(gqa)
