@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 
 import pytest
 
@@ -11,6 +10,7 @@ from qaudit.errors import InputError
 from qaudit.megatron.dims import model_dims
 from qaudit.megatron.hybrid_pattern import parse_pattern, pattern_from_ratios
 from qaudit.megatron.pipeline import pipeline_layout
+from tests.model_args import write_model_args as flags
 
 FAST = AuditOptions(steps=1, microbatches=2)
 BASE = """\
@@ -199,11 +199,6 @@ def test_full_recompute_adds_a_nograd_call_to_mixer_linears(write_yaml):
 
 
 # --- flag route ----------------------------------------------------------------------------
-
-def flags(write_yaml, body: str) -> str:
-    return write_yaml("model_config.yaml", "MODEL_ARGS:\n" + textwrap.indent(
-        textwrap.dedent(body), "  "))
-
 
 FLAGS = """\
 --hidden-size: 256

@@ -11,6 +11,7 @@ from qaudit.audit import AuditOptions, audit_files, load_inputs
 from qaudit.sizes import model_params
 from cli_helpers import run_in_process
 from test_hybrid import assert_refused, names, rows
+from model_args import write_model_args as flags
 
 FAST = AuditOptions(steps=1, microbatches=2)
 BASE = """\
@@ -138,11 +139,6 @@ def test_full_size_parameter_count_adds_encoder_and_cross_attention(write_yaml):
 
 
 # --- flag route ----------------------------------------------------------------------------
-
-def flags(write_yaml, body: str) -> str:
-    return write_yaml("model_config.yaml", "MODEL_ARGS:\n" + textwrap.indent(
-        textwrap.dedent(body), "  "))
-
 
 FLAGS = """\
 --hidden-size: 64
