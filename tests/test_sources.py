@@ -446,3 +446,41 @@ def test_moe_layer_recompute_with_full_recompute_is_refused_on_both_routes(write
                    "  --num-attention-heads: 4\n  --recompute-granularity: full\n"
                    "  --recompute-method: uniform\n  --recompute-num-layers: 1\n"
                    "  --moe-layer-recompute: true\n"))
+
+
+# The hybrid and T5 families, each written the three ways (the flag route through Megatron's
+# own argument rules: the pattern gives --num-layers; --encoder-num-layers marks T5).
+HYBRID_THREE_WAYS = (
+    "hybrid_layer_pattern: 'M*-ME/*E'\nhidden_size: 64\nnum_attention_heads: 4\n"
+    "mamba_num_heads: 16\nmamba_head_dim: 16\nmamba_num_groups: 2\nmamba_state_dim: 16\n"
+    "num_moe_experts: 4\nmoe_router_topk: 2\nmoe_ffn_hidden_size: 32\n"
+    "fp8: e4m3\nfp8_recipe: tensorwise\n",
+    "MODEL_ARGS:\n  --hybrid-layer-pattern: M*-ME/*E\n  --hidden-size: 64\n"
+    "  --num-attention-heads: 4\n  --mamba-num-heads: 16\n  --mamba-head-dim: 16\n"
+    "  --mamba-num-groups: 2\n  --mamba-state-dim: 16\n  --num-experts: 4\n"
+    "  --moe-router-topk: 2\n  --moe-ffn-hidden-size: 32\n  --fp8-format: e4m3\n"
+    "  --fp8-recipe: tensorwise\n  --untie-embeddings-and-output-weights: true\n",
+    "#!/bin/bash\nPATTERN='M*-ME/*E'\ntorchrun pretrain_hybrid.py --hybrid-layer-pattern "
+    "\"$PATTERN\" \\\n  --hidden-size 64 --num-attention-heads 4 --mamba-num-heads 16 \\\n"
+    "  --mamba-head-dim 16 --mamba-num-groups 2 --mamba-state-dim 16 --num-experts 4 \\\n"
+    "  --moe-router-topk 2 --moe-ffn-hidden-size 32 --fp8-format e4m3 --fp8-recipe tensorwise "
+    "\\\n  --untie-embeddings-and-output-weights\n")
+T5_THREE_WAYS = (
+    "encoder_num_layers: 2\nnum_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+    "fp8: e4m3\nfp8_recipe: tensorwise\n",
+    "MODEL_ARGS:\n  --encoder-num-layers: 2\n  --decoder-num-layers: 2\n  --hidden-size: 64\n"
+    "  --num-attention-heads: 4\n  --fp8-format: e4m3\n  --fp8-recipe: tensorwise\n",
+    "#!/bin/bash\ntorchrun pretrain_t5.py --encoder-num-layers 2 --decoder-num-layers 2 \\\n"
+    "  --hidden-size 64 --num-attention-heads 4 --fp8-format e4m3 --fp8-recipe tensorwise\n")
+
+
+@pytest.mark.parametrize("texts, expected_name", [
+    (HYBRID_THREE_WAYS, '"decoder.layers.0.mixer.in_proj"'),
+    (T5_THREE_WAYS, '"decoder.layers.1.cross_attention.linear_kv"')], ids=["hybrid", "t5"])
+def test_hybrid_and_t5_models_three_ways_give_identical_module_rows(write, texts, expected_name):
+    rows = []
+    for name, text in zip(("model.yaml", "model_config.yaml", "train.sh"), texts):
+        report = audit_files(write(name, text), None, FAST)
+        rows.append(json.dumps(report.to_dict()["modules"], sort_keys=True))
+    assert rows[0] == rows[1] == rows[2]
+    assert expected_name in rows[0] and "fp8/tensorwise" in rows[0]
