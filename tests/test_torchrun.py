@@ -31,6 +31,24 @@ pipeline_model_parallel_size: 2
 virtual_pipeline_model_parallel_size: 2
 """
 
+# Four stages, the first and last with one layer each, grouped MoE, tied embeddings (the last
+# stage keeps its own output weight) and MTP, whose embedding copy sums gradients with stage 0.
+UNEVEN_MOE = """\
+num_layers: 6
+hidden_size: 128
+num_attention_heads: 4
+num_moe_experts: 4
+moe_router_topk: 2
+moe_grouped_gemm: true
+mtp_num_layers: 1
+fp8: e4m3
+fp8_recipe: mxfp8
+share_embeddings_and_output_weights: true
+pipeline_model_parallel_size: 4
+num_layers_in_first_pipeline_stage: 1
+num_layers_in_last_pipeline_stage: 1
+"""
+
 
 def torchrun(processes: int, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -117,6 +135,18 @@ def test_each_stage_in_its_own_process_gives_the_single_process_report(
     assert result.stdout == single_out  # rank 0 alone prints, byte for byte the same report
     assert result.returncode != 0
     assert worker_exit_codes(result.stderr) == [1, 1]
+
+
+@needs_gloo
+def test_uneven_stages_with_moe_tied_weights_and_mtp_over_four_processes(
+        write_yaml, monkeypatch, capsys):
+    config = write_yaml("pp4.yaml", UNEVEN_MOE)
+    single_code, single_out, _ = run_in_process(monkeypatch, capsys, "check", config,
+                                                "--format", "json", "--runtime", "reference")
+    result = torchrun(4, config, "--format", "json")
+    assert (single_code, result.returncode) == (0, 0)
+    assert result.stdout == single_out
+    assert '"stage3/mtp.layers.0.mtp_model_layer.mlp.experts.linear_fc1"' in single_out
 
 
 @needs_gloo

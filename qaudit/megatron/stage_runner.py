@@ -28,6 +28,7 @@ class StageRunner:
         embedding_stages = sorted({0, self.last_stage} if model.mtp is not None else {0})
         self._embedding_group = dist.new_group(embedding_stages) if len(embedding_stages) > 1 else None
         self._keeps_embedding = stage in embedding_stages
+        self._wire_dtype = model.decoder.final_layernorm.weight.dtype
         self._drop_other_stages()
 
     def _drop_other_stages(self) -> None:
@@ -46,8 +47,11 @@ class StageRunner:
         return [i for i, chunk in enumerate(self.layout) if chunk.stage == self.stage]
 
     def _activation(self) -> torch.Tensor:
+        """A buffer for one activation or its gradient. Messages travel in the residual
+        stream's dtype (the norms' own, on every stage), so both ends agree on the size."""
         d = self.model.dims
-        return torch.empty(d.seq_length, d.micro_batch_size, d.hidden, device=self.model.device)
+        return torch.empty(d.seq_length, d.micro_batch_size, d.hidden, device=self.model.device,
+                           dtype=self._wire_dtype)
 
     def _chunk_forward(self, position: int, chunk: ModelChunk, tokens: torch.Tensor,
                        labels: torch.Tensor, grad: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -63,7 +67,8 @@ class StageRunner:
         hidden = model.decoder.run_layers(hidden, chunk.layers)
         if position == len(self.layout) - 1:
             return received, model.head(model.decoder.final_layernorm(hidden), tokens, labels)
-        dist.send(hidden.detach().contiguous(), dst=self.layout[position + 1].stage)
+        dist.send(hidden.detach().to(self._wire_dtype).contiguous(),
+                  dst=self.layout[position + 1].stage)
         return received, hidden
 
     def train_microbatch(self, tokens: torch.Tensor, labels: torch.Tensor) -> None:
@@ -76,9 +81,10 @@ class StageRunner:
             else:
                 grad = self._activation()
                 dist.recv(grad, src=self.layout[position + 1].stage)
-                output.backward(grad)
+                output.backward(grad.to(output.dtype))
             if received is not None:
-                dist.send(received.grad.contiguous(), dst=self.layout[position - 1].stage)
+                dist.send(received.grad.to(self._wire_dtype).contiguous(),
+                          dst=self.layout[position - 1].stage)
 
     def forward_only(self, tokens: torch.Tensor, labels: torch.Tensor) -> None:
         for position in self._positions():
