@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from qaudit.errors import InputError
+from qaudit.jsonfile import read_qaudit_json
 from qaudit.report import Finding, Report
 
 BASELINE_SCHEMA = "qaudit-baseline/1"
@@ -81,20 +82,9 @@ def _plain(finding: Finding) -> Finding:
 
 def load_baseline(path: str) -> Counter:
     """Fingerprint -> how many findings with it the baseline accepts. Bad file: InputError."""
-    file = Path(path)
-    if not file.is_file():
-        raise InputError("baseline file not found (write one with --write-baseline)", file=path)
-    if file.stat().st_size > _MAX_BASELINE_BYTES:
-        raise InputError("baseline file is larger than 16 MiB", file=path)
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        line = getattr(exc, "lineno", None)
-        raise InputError(f"not a qaudit baseline (invalid JSON: {exc})", file=path,
-                         line=line) from None
-    if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA:
-        raise InputError(f"not a qaudit baseline (expected \"schema\": \"{BASELINE_SCHEMA}\")",
-                         file=path, key="schema")
+    data = read_qaudit_json(path, kind="baseline", schema=BASELINE_SCHEMA,
+                            max_bytes=_MAX_BASELINE_BYTES,
+                            not_found="baseline file not found (write one with --write-baseline)")
     entries = data.get("findings")
     if not isinstance(entries, list):
         raise InputError("expected a list of findings", file=path, key="findings")

@@ -4,12 +4,11 @@ Unknown keys are ignored, so reports from a newer qaudit still load."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from qaudit.errors import InputError
+from qaudit.jsonfile import read_qaudit_json
 from qaudit.report import SCHEMA, Finding, ModuleRow, Report
 
 _MAX_REPORT_BYTES = 64 * 1024 * 1024
@@ -39,19 +38,8 @@ def is_report_file(path: str) -> bool:
 
 def load_report(path: str) -> Report:
     """A JSON report written by `qaudit check --format json`; bad file: InputError (exit 2)."""
-    file = Path(path)
-    if not file.is_file():
-        raise InputError("file not found", file=path)
-    if file.stat().st_size > _MAX_REPORT_BYTES:
-        raise InputError("report file is larger than 64 MiB", file=path)
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"not a qaudit JSON report ({exc})", file=path,
-                         line=getattr(exc, "lineno", None)) from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise InputError(f"not a qaudit JSON report (expected \"schema\": \"{SCHEMA}\")",
-                         file=path, key="schema")
+    data = read_qaudit_json(path, kind="JSON report", schema=SCHEMA,
+                            max_bytes=_MAX_REPORT_BYTES, not_found="file not found")
     try:
         return report_from_dict(data)
     except (TypeError, AttributeError) as exc:
