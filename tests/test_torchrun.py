@@ -57,6 +57,14 @@ def torchrun(processes: int, *args: str) -> subprocess.CompletedProcess:
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
+def one_process_then_torchrun(monkeypatch, capsys, config: str, processes: int
+                              ) -> tuple[int, str, subprocess.CompletedProcess]:
+    """The JSON audit of `config` in this process (exit code, stdout), then under torchrun."""
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", config, "--format", "json",
+                                  "--runtime", "reference")
+    return code, out, torchrun(processes, config, "--format", "json")
+
+
 def worker_exit_codes(stderr: str) -> list[int]:
     """Each failed worker's code, from torchrun's failure summary."""
     return [int(code) for code in re.findall(r"^\s*exitcode\s+:\s*(-?\d+)", stderr, re.M)]
@@ -127,11 +135,9 @@ def test_verify_is_refused_under_torchrun_before_any_work(monkeypatch, capsys):
 @needs_gloo
 def test_each_stage_in_its_own_process_gives_the_single_process_report(
         write_yaml, monkeypatch, capsys):
-    config = write_yaml("pp2.yaml", PIPELINED_MTP)
-    single_code, single_out, _ = run_in_process(monkeypatch, capsys, "check", config,
-                                                "--format", "json", "--runtime", "reference")
+    single_code, single_out, result = one_process_then_torchrun(
+        monkeypatch, capsys, write_yaml("pp2.yaml", PIPELINED_MTP), 2)
     assert single_code == 1 and '"QA001"' in single_out
-    result = torchrun(2, config, "--format", "json")
     assert result.stdout == single_out  # rank 0 alone prints, byte for byte the same report
     assert result.returncode != 0
     assert worker_exit_codes(result.stderr) == [1, 1]
@@ -140,10 +146,8 @@ def test_each_stage_in_its_own_process_gives_the_single_process_report(
 @needs_gloo
 def test_uneven_stages_with_moe_tied_weights_and_mtp_over_four_processes(
         write_yaml, monkeypatch, capsys):
-    config = write_yaml("pp4.yaml", UNEVEN_MOE)
-    single_code, single_out, _ = run_in_process(monkeypatch, capsys, "check", config,
-                                                "--format", "json", "--runtime", "reference")
-    result = torchrun(4, config, "--format", "json")
+    single_code, single_out, result = one_process_then_torchrun(
+        monkeypatch, capsys, write_yaml("pp4.yaml", UNEVEN_MOE), 4)
     assert (single_code, result.returncode) == (0, 0)
     assert result.stdout == single_out
     assert '"stage3/mtp.layers.0.mtp_model_layer.mlp.experts.linear_fc1"' in single_out
