@@ -1,0 +1,271 @@
+"""Build and train the config with the user's own Megatron code; return one ModuleFacts per
+linear module (the builder seam: a plain list, whatever built it).
+
+Upstream's pieces, used as they are: `TransformerConfig` (its `__post_init__` validates),
+the TE layer specs and decoder block spec (`gpt_layer_specs.py`), the MTP block spec,
+`GPTModel` (whose construction walk calls each module's `finish_init` with the recipe config
+`get_quant_config_or_none` picks), `set_is_first_microbatch`, forward and backward. qaudit
+adds only what a training loop adds around them: a DDP-like `main_grad` buffer, the re-arming
+call at each step's first microbatch, the optimizer step (qaudit/train.py's, the same as for
+qaudit's own model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from qaudit.crosscheck import standin_te
+from qaudit.crosscheck.environment import fused_wgrad_calls
+from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
+from qaudit.crosscheck.upstream_config import UpstreamInput
+from qaudit.errors import InputError
+from qaudit.probe import CallRecord
+from qaudit.report import accumulation_of, calls_per_microbatch, precision_of
+from qaudit.train import LEARNING_RATE, attach_grad_buffers, zero_grad_buffer
+
+# Megatron's own (non-TE) linear classes: rows too (the usual output layer is one).
+MCORE_LINEARS = ("ColumnParallelLinear", "RowParallelLinear")
+
+
+@dataclass
+class UpstreamModel:
+    modules: list[ModuleFacts]
+    ran: bool  # forward and backward ran (else construction only)
+    notes: list[str] = field(default_factory=list)
+
+
+def upstream_classes() -> dict[str, Any]:
+    """The installed Megatron's classes and spec functions the build uses."""
+    from megatron.core.models.gpt import gpt_layer_specs, gpt_model
+    from megatron.core.transformer import transformer_config
+
+    return {"TransformerConfig": transformer_config.TransformerConfig,
+            "MLATransformerConfig": getattr(transformer_config, "MLATransformerConfig", None),
+            "GPTModel": gpt_model.GPTModel, "specs": gpt_layer_specs, "gpt_model": gpt_model}
+
+
+def make_config(upstream: UpstreamInput) -> Any:
+    """Upstream's TransformerConfig; its own validation errors are the user's input errors."""
+    from megatron.core.quantization.utils import load_quantization_recipe
+
+    classes = upstream_classes()
+    cls = classes["MLATransformerConfig"] if upstream.mla else classes["TransformerConfig"]
+    kwargs = dict(upstream.config_kwargs)
+    if upstream.recipe_path is not None:
+        kwargs["quant_recipe"] = load_quantization_recipe(upstream.recipe_path)
+    try:
+        return cls(**kwargs)
+    except (AssertionError, ValueError, TypeError) as exc:
+        raise InputError(f"the installed Megatron's {cls.__name__} rejects this config: "
+                         f"{type(exc).__name__}: {exc}") from exc
+
+
+def _call_with_supported(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call with the keyword arguments the installed version accepts (specs gain keywords
+    from release to release)."""
+    accepted = inspect.signature(function).parameters
+    return function(*args, **{k: v for k, v in kwargs.items() if k in accepted})
+
+
+def layer_spec(config: Any) -> Any:
+    """The layer spec Megatron-LM's gpt_builders.py picks for the TE implementation."""
+    specs = upstream_classes()["specs"]
+    if config.num_moe_experts:
+        return _call_with_supported(specs.get_gpt_decoder_block_spec, config,
+                                    use_transformer_engine=True,
+                                    normalization=config.normalization,
+                                    qk_l2_norm=config.qk_l2_norm)
+    return _te_layer_spec(specs, config)
+
+
+def _te_layer_spec(specs: Any, config: Any) -> Any:
+    return _call_with_supported(
+        specs.get_gpt_layer_with_transformer_engine_spec, config.num_moe_experts,
+        config.moe_grouped_gemm, config.qk_layernorm, config.multi_latent_attention,
+        qk_l2_norm=config.qk_l2_norm, use_kitchen=config.use_kitchen,
+        use_te_activation_func=getattr(config, "use_te_activation_func", False),
+        use_kitchen_attention=getattr(config, "use_kitchen_attention", False),
+        kitchen_attention_backend=getattr(config, "kitchen_attention_backend", "sdpa"),
+        mla_down_proj_fusion=getattr(config, "mla_down_proj_fusion", False),
+        use_grouped_gemm_for_dense_mlp=getattr(config, "use_grouped_gemm_for_dense_mlp", False))
+
+
+def mtp_spec(config: Any, spec: Any) -> Any:
+    if not config.mtp_num_layers:
+        return None
+    specs = upstream_classes()["specs"]
+    if getattr(spec, "layer_specs", None) is not None and len(spec.layer_specs) == 0:
+        last = _te_layer_spec(specs, config)
+    elif hasattr(specs, "get_gpt_decoder_layer_specs"):
+        last = _call_with_supported(specs.get_gpt_decoder_layer_specs, config,
+                                    use_transformer_engine=True,
+                                    normalization=config.normalization,
+                                    qk_l2_norm=config.qk_l2_norm)[-1]
+    else:
+        last = spec
+    return _call_with_supported(specs.get_gpt_mtp_block_spec, config, last,
+                                use_transformer_engine=True)
+
+
+@contextlib.contextmanager
+def _recording_binder(gpt_model_module: Any) -> Iterator[dict[str, str]]:
+    """Observe which recipe config GPTModel's finish_init walk binds to each module name, by
+    wrapping upstream's own `get_quant_config_or_none` where gpt_model.py calls it."""
+    original = gpt_model_module.get_quant_config_or_none
+    bound: dict[str, str] = {}
+
+    def recording(name: str, recipe: Any) -> Any:
+        result = original(name, recipe)
+        bound[name] = getattr(result, "config_key", None) or "-"
+        return result
+
+    gpt_model_module.get_quant_config_or_none = recording
+    try:
+        yield bound
+    finally:
+        gpt_model_module.get_quant_config_or_none = original
+
+
+def build_model(upstream: UpstreamInput, seed: int = 0) -> tuple[Any, Any, dict[str, str]]:
+    """(config, GPTModel, module name -> bound recipe config)."""
+    classes = upstream_classes()
+    config = make_config(upstream)
+    spec = layer_spec(config)
+    torch.manual_seed(seed)
+    with _recording_binder(classes["gpt_model"]) as bound:
+        model = classes["GPTModel"](config=config, transformer_layer_spec=spec,
+                                    mtp_block_spec=mtp_spec(config, spec),
+                                    **upstream.model_kwargs)
+    return config, model, bound
+
+
+def linear_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, (standin_te.Linear, standin_te.GroupedLinear)):
+            found.append((name, module))
+        elif type(module).__name__ in MCORE_LINEARS and not isinstance(module, standin_te._Recorded):
+            found.append((name, module))
+    return found
+
+
+def run_training(model: torch.nn.Module, probe: standin_te.CallProbe, steps: int,
+                 microbatches: int, vocab: int, seq_length: int, seed: int = 0) -> None:
+    """qaudit's training loop around upstream's model: re-arm through upstream's own
+    set_is_first_microbatch at each step's first microbatch, forward, backward, update."""
+    params = attach_grad_buffers(model)
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(microbatches):
+        tokens = torch.randint(0, vocab, (2, seq_length + 1), generator=generator)
+        batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    position_ids = torch.arange(seq_length).unsqueeze(0).expand(2, -1)
+    model.train()
+    for _ in range(steps):
+        zero_grad_buffer(params)
+        probe.recorder.start_step()
+        for index, (tokens, labels) in enumerate(batches):
+            probe.recorder.start_microbatch()
+            if index == 0:
+                model.set_is_first_microbatch()
+            loss = model(tokens, position_ids, None, labels=labels)
+            loss.float().mean().backward()
+        with torch.no_grad():
+            for param in params:
+                param.add_(param.main_grad, alpha=-LEARNING_RATE)
+
+
+def _tracked(records: list[CallRecord]) -> str:
+    """Observed: `no` when every call got None, `yes` when a later step got True again
+    (re-armed), `stale` when only the first step's first call did."""
+    if all(r.flag is None for r in records):
+        return "no"
+    return "yes" if any(r.flag is True and r.step > 0 for r in records) else "stale"
+
+
+def module_facts(model: torch.nn.Module, bound: dict[str, str], probe: standin_te.CallProbe | None,
+                 mcore_decisions: dict[str, list[str]]) -> list[ModuleFacts]:
+    records: dict[str, list[CallRecord]] = defaultdict(list)
+    if probe is not None:
+        for record in probe.recorder.calls:
+            records[record.module].append(record)
+    facts = []
+    for name, module in linear_modules(model):
+        te = isinstance(module, standin_te._Recorded)
+        upstream_class = type(module).__name__
+        wrapper = module if te else None
+        run: dict[str, Any] = {}
+        if probe is not None:
+            own = records.get(name, [])
+            if not te:
+                _assign_decisions(own, mcore_decisions.get(name, []))
+            run = {"precision": precision_of(own), "tracked": _tracked(own) if te else "-",
+                   "accumulation": accumulation_of(own),
+                   "calls_per_microbatch": calls_per_microbatch(own, grad=True),
+                   "nograd_calls_per_microbatch": calls_per_microbatch(own, grad=False)}
+        facts.append(ModuleFacts(
+            name=name, upstream_class=upstream_class, recipe=bound.get(name, "-"),
+            will_execute_quantized=will_execute_label(
+                getattr(wrapper, "will_execute_quantized", None)), **run))
+    return facts
+
+
+def _assign_decisions(records: list[CallRecord], decisions: list[str]) -> None:
+    """Megatron's own linears: the fused kernel's writes (in order) go to the grad calls of
+    each microbatch; without any, autograd produced the weight gradient."""
+    grad_calls = [r for r in records if r.grad]
+    if not decisions:
+        for record in grad_calls:
+            record.decision = "autograd"
+        return
+    for record, decision in zip(grad_calls, decisions):
+        record.decision = decision
+
+
+@contextlib.contextmanager
+def observe_mcore_linears(model: torch.nn.Module, probe: standin_te.CallProbe
+                          ) -> Iterator[dict[str, list[str]]]:
+    """Record calls of Megatron's own linears (forward pre-hooks) and which of them the fused
+    wgrad kernel accumulated into (by main_grad buffer)."""
+    handles = []
+    owners: dict[int, str] = {}
+    decisions: dict[str, list[str]] = defaultdict(list)
+    for name, module in linear_modules(model):
+        if isinstance(module, standin_te._Recorded):
+            continue
+
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any, name: str = name) -> None:
+            probe.recorder.on_forward(name, None, torch.is_grad_enabled(), None, module.training)
+            weight = kwargs.get("weight") if kwargs.get("weight") is not None else module.weight
+            owners[id(weight)] = name
+
+        handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        yield decisions
+    finally:
+        for handle in handles:
+            handle.remove()
+        params = {id(getattr(p, "main_grad", None)): id(p) for p in model.parameters()}
+        for buffer in fused_wgrad_calls():
+            owner = owners.get(params.get(id(buffer), -1))
+            if owner is not None:
+                decisions[owner].append("accumulate")
+
+
+def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: int = 0,
+                  run: bool = True) -> UpstreamModel:
+    config, model, bound = build_model(upstream, seed)
+    if not run:
+        return UpstreamModel(module_facts(model, bound, None, {}), ran=False)
+    probe = standin_te.CallProbe()
+    probe.names = {id(module): name for name, module in linear_modules(model)}
+    with standin_te.probing(probe), observe_mcore_linears(model, probe) as decisions:
+        run_training(model, probe, steps, microbatches, upstream.model_kwargs["vocab_size"],
+                     upstream.model_kwargs["max_sequence_length"], seed)
+    return UpstreamModel(module_facts(model, bound, probe, decisions), ran=True)

@@ -1,0 +1,1 @@
+"""The Megatron the user runs: where it is (detect), without importing it."""
