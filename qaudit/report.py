@@ -71,6 +71,9 @@ class Report:
     # Findings hidden by --baseline or a `qaudit: ignore` comment (qaudit/baseline.py); each
     # also has `suppression`: "baseline" or "comment". Not counted in summary or exit code.
     suppressed: list[Finding] | None = None
+    # --cross-check: the comparison with the installed Megatron (qaudit.crosscheck.CrossCheck
+    # .to_dict(): megatron, modules_compared, differences, ...).
+    cross_check: dict[str, Any] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
@@ -97,6 +100,7 @@ class Report:
             **({"suggestions": self.suggestions} if self.suggestions is not None else {}),
             **({"suppressed": [asdict(f) for f in self.suppressed]}
                if self.suppressed is not None else {}),
+            **({"cross_check": self.cross_check} if self.cross_check is not None else {}),
         }
 
 

@@ -173,10 +173,26 @@ def _typing_override() -> contextlib.ExitStack:
     return stack
 
 
+def _no_custom_factory_imports() -> contextlib.ExitStack:
+    """Without --allow-import, Megatron's `_get_custom_recipe` (which imports the factory a
+    recipe names) gives a stand-in CustomRecipe instead: no code the input names is run."""
+    stack = contextlib.ExitStack()
+
+    def stand_in(path: str) -> Any:
+        return standin_te.CustomRecipe(qfactory=path)
+
+    for name in ("megatron.core.fp8_utils", "megatron.core.fp4_utils"):
+        module = importlib.import_module(name)
+        if hasattr(module, "_get_custom_recipe"):
+            stack.enter_context(_patched(module, "_get_custom_recipe", stand_in))
+    return stack
+
+
 @contextlib.contextmanager
-def upstream_environment(use_real_te: bool = False) -> Iterator[None]:
+def upstream_environment(use_real_te: bool = False, allow_import: bool = False) -> Iterator[None]:
     """Import the user's Megatron and let it build and train here (see the module docstring).
-    `use_real_te`: a real TE and CUDA are there; nothing stands in for TE or CUDA."""
+    `use_real_te`: a real TE and CUDA are there; nothing stands in for TE or CUDA.
+    `allow_import`: --allow-import, Megatron may import a recipe's custom factory."""
     stubs: dict[str, types.ModuleType] = {}
     if not use_real_te:
         if real_te_available():
@@ -198,6 +214,8 @@ def upstream_environment(use_real_te: bool = False) -> Iterator[None]:
                 stack.enter_context(_cpu_cuda_answers())
             stack.enter_context(_typing_override())
             _check_bound_to(use_real_te)
+            if not allow_import:
+                stack.enter_context(_no_custom_factory_imports())
             stack.enter_context(_process_group())
             _fused_wgrad_calls.clear()
             yield

@@ -279,3 +279,16 @@ def repo_relative(path: str, cwd: str | os.PathLike | None = None) -> str:
     except ValueError:  # another drive (Windows): the name is all that is not absolute
         relative = absolute.name
     return Path(relative).as_posix()
+
+
+def cross_check_line(report: Report) -> str | None:
+    """--cross-check: what was compared with the installed Megatron, and how many differences."""
+    result = getattr(report, "cross_check", None)
+    if not result:
+        return None
+    what = "construction and a training run" if result.get("ran") else "construction only"
+    line = (f"cross-check: {result.get('modules_compared', 0)} modules compared with Megatron "
+            f"{result.get('megatron', 'unknown')} ({what}): "
+            f"{len(result.get('differences', []))} difference(s)")
+    not_covered = result.get("not_covered") or []
+    return line + (f"; not covered: {'; '.join(not_covered)}" if not_covered else "")

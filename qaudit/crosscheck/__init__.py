@@ -1,0 +1,120 @@
+"""`qaudit check --cross-check`: build the same config with the user's own Megatron code and
+compare it module by module with qaudit's model (docs/cross-check.md).
+
+Two builders hand over the same plain list of `ModuleFacts`: qaudit's own model (from the
+audit's run) and the user's Megatron (`upstream_build`, on CPU with the stand-in TE). The
+comparison is `compare.compare`; rule QA030 turns each difference into a finding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+from qaudit.crosscheck.compare import Difference, compare
+from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
+from qaudit.errors import InputError
+from qaudit.upstream.detect import MegatronLocation, locate_megatron
+
+if TYPE_CHECKING:
+    from qaudit.audit import AuditOptions, AuditRun
+    from qaudit.config import ModelConfig
+    from qaudit.recipe import QuantRecipe
+
+
+@dataclass
+class CrossCheck:
+    megatron: str  # the installed version ("unknown" when package_info.py does not say)
+    location: str  # where it was imported from
+    modules_compared: int
+    differences: list[Difference]
+    ran: bool  # upstream's forward and backward ran (else construction only)
+    not_covered: list[str] = field(default_factory=list)  # what the comparison left out, why
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"megatron": self.megatron, "location": self.location,
+                "modules_compared": self.modules_compared, "ran": self.ran,
+                "not_covered": list(self.not_covered),
+                "differences": [d.to_dict() for d in self.differences]}
+
+    def summary(self) -> str:
+        """The one line the table and Markdown reports print."""
+        what = "construction and a 2-step run" if self.ran else "construction only"
+        return (f"cross-check: {self.modules_compared} modules compared with Megatron "
+                f"{self.megatron} ({what}): {len(self.differences)} difference(s)")
+
+
+def require_megatron() -> MegatronLocation:
+    """The Megatron on sys.path, or exit 2 (before any audit work) saying there is none."""
+    location = locate_megatron()
+    if location is None:
+        raise InputError("--cross-check needs the Megatron you train with: no megatron/core/ on "
+                         "sys.path (pip install megatron-core, or put a Megatron-LM checkout on "
+                         "PYTHONPATH)")
+    return location
+
+
+@contextlib.contextmanager
+def _quiet_megatron() -> Iterator[None]:
+    """Megatron logs warnings at build (deprecations, defaults); the report is the output."""
+    logger = logging.getLogger("megatron")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def qaudit_facts(run: "AuditRun") -> list[ModuleFacts]:
+    """qaudit's own model as the same plain list: its rows plus each wrapper's answer to
+    will_execute_quantized in training mode."""
+    wrappers = {m.fqn: m for m in run.model.audited_modules()}
+    facts = []
+    for row in run.rows:
+        module = wrappers.get(row.name)
+        method = getattr(module, "will_execute_quantized", None)
+        training = module.training if module is not None else True
+        if module is not None:
+            module.training = True
+        try:
+            label = will_execute_label(method)
+        finally:
+            if module is not None:
+                module.training = training
+        facts.append(ModuleFacts(
+            name=row.name, upstream_class=row.type, recipe=row.recipe,
+            will_execute_quantized=label, precision=row.precision, tracked=row.tracked,
+            accumulation=row.accumulation, calls_per_microbatch=row.calls_per_microbatch,
+            nograd_calls_per_microbatch=row.nograd_calls_per_microbatch))
+    return facts
+
+
+def cross_check(config: "ModelConfig", recipe: "QuantRecipe | None", run: "AuditRun",
+                options: "AuditOptions", location: MegatronLocation) -> CrossCheck:
+    from qaudit.crosscheck import upstream_build, upstream_config
+    from qaudit.crosscheck.environment import upstream_environment
+
+    not_covered: list[str] = []
+    train = not options.evaluation
+    if options.evaluation:
+        not_covered.append("--eval: upstream's model is compared as built, not run")
+    with _quiet_megatron(), upstream_environment(allow_import=options.allow_import):
+        classes = upstream_build.upstream_classes()
+        upstream = upstream_config.from_yaml(
+            config, recipe.file if recipe else None,
+            upstream_config.dataclass_fields(classes["TransformerConfig"]),
+            upstream_config.dataclass_fields(classes["MLATransformerConfig"])
+            if classes["MLATransformerConfig"] else set())
+        built = upstream_build.build_and_run(upstream, options.steps, options.microbatches,
+                                             options.seed, run=train)
+    not_covered.extend(built.notes)
+    ours = qaudit_facts(run)
+    differences = compare(ours, built.modules, built.ran)
+    differences.extend(Difference("-", "config field", "accepted", "not a field of the "
+                                  "installed TransformerConfig: " + name)
+                       for name in upstream.unknown_fields)
+    return CrossCheck(location.version or "unknown", str(location.root), len(ours), differences,
+                      built.ran, not_covered)
