@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from qaudit.crosscheck.compare import Difference, compare
 from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
-from qaudit.errors import InputError
+from qaudit.errors import EnvironmentProblem, InputError
 from qaudit.upstream.detect import MegatronLocation, locate_megatron
 
 if TYPE_CHECKING:
@@ -101,17 +101,30 @@ def cross_check(config: "ModelConfig", recipe: "QuantRecipe | None", run: "Audit
     train = not options.evaluation
     if options.evaluation:
         not_covered.append("--eval: upstream's model is compared as built, not run")
-    with _quiet_megatron(), upstream_environment(allow_import=options.allow_import):
-        classes = upstream_build.upstream_classes()
-        upstream = upstream_config.from_yaml(
-            config, recipe.file if recipe else None,
-            upstream_config.dataclass_fields(classes["TransformerConfig"]),
-            upstream_config.dataclass_fields(classes["MLATransformerConfig"])
-            if classes["MLATransformerConfig"] else set())
-        built = upstream_build.build_and_run(upstream, options.steps, options.microbatches,
-                                             options.seed, run=train)
+    try:
+        with _quiet_megatron(), upstream_environment(allow_import=options.allow_import):
+            classes = upstream_build.upstream_classes()
+            upstream = upstream_config.from_yaml(
+                config, recipe.file if recipe else None,
+                upstream_config.dataclass_fields(classes["TransformerConfig"]),
+                upstream_config.dataclass_fields(classes["MLATransformerConfig"])
+                if classes["MLATransformerConfig"] else set())
+            built = upstream_build.build_and_run(upstream, options.steps, options.microbatches,
+                                                 options.seed, run=train)
+    except (InputError, EnvironmentProblem):
+        raise
+    except Exception as exc:  # noqa: BLE001 - upstream's code failed: say so, in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise EnvironmentProblem(
+            f"--cross-check: Megatron {location.version or ''} at {location.root} could not "
+            f"build and run this config on CPU: {type(exc).__name__}: {first[:300]}") from exc
     not_covered.extend(built.notes)
     ours = qaudit_facts(run)
+    if built.rejected is not None:
+        # Nothing to compare module by module: the installed Megatron refuses the config.
+        return CrossCheck(location.version or "unknown", str(location.root), 0,
+                          [Difference("-", "build", "audits it", f"rejects it: {built.rejected}")],
+                          False, not_covered)
     differences = compare(ours, built.modules, built.ran)
     differences.extend(Difference("-", "config field", "accepted", "not a field of the "
                                   "installed TransformerConfig: " + name)

@@ -195,6 +195,8 @@ class _Recorded(reference._ReferenceModule):
     def __init__(self, fuse_wgrad_accumulation: bool, params_dtype: torch.dtype | None) -> None:
         super().__init__(fuse_wgrad_accumulation)
         self._dtype = params_dtype or torch.float32
+        # TE 2.6+: keep the high-precision input for backward; no effect on what is audited.
+        self.save_original_input = False
 
     def _recorded_gemm(self, x: torch.Tensor, m_splits: Any,
                        is_first_microbatch: bool | None) -> torch.Tensor:
@@ -355,6 +357,24 @@ class DotProductAttention(torch.nn.Module):
         return ctx.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
+class Fp8Padding(torch.nn.Module):
+    """TE pads each expert's rows to the quantized GEMM's alignment with zero rows; the
+    stand-in's GEMMs need no alignment, so rows pass unchanged (zero rows change no call,
+    flag or wgrad decision)."""
+
+    def __init__(self, num_gemms: int, align_size: int | None = None) -> None:
+        super().__init__()
+        self.num_gemms = num_gemms
+
+    def forward(self, inp: torch.Tensor, m_splits: list[int]) -> tuple[torch.Tensor, list[int]]:
+        return inp, list(m_splits)
+
+
+class Fp8Unpadding(Fp8Padding):
+    def forward(self, inp: torch.Tensor, m_splits: list[int]) -> torch.Tensor:  # type: ignore[override]
+        return inp
+
+
 class CudaRNGStatesTracker:
     """TE's RNG tracker: named states; forking runs under the default generator on CPU."""
 
@@ -467,7 +487,8 @@ def _make_modules() -> dict[str, types.ModuleType]:
     pytorch = _module(
         "transformer_engine.pytorch", Linear=Linear, LayerNormLinear=LayerNormLinear,
         GroupedLinear=GroupedLinear, LayerNorm=LayerNorm, RMSNorm=RMSNorm,
-        DotProductAttention=DotProductAttention, fp8=fp8, fp8_autocast=fp8_autocast,
+        DotProductAttention=DotProductAttention, Fp8Padding=Fp8Padding,
+        Fp8Unpadding=Fp8Unpadding, fp8=fp8, fp8_autocast=fp8_autocast,
         fp8_model_init=fp8_model_init, autocast=autocast, quantized_model_init=quantized_model_init,
         distributed=distributed, cpu_offload=cpu_offload, module=module_pkg, tensor=tensor,
         router=router,

@@ -24,7 +24,6 @@ from qaudit.crosscheck import standin_te
 from qaudit.crosscheck.environment import fused_wgrad_calls
 from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
 from qaudit.crosscheck.upstream_config import UpstreamInput
-from qaudit.errors import InputError
 from qaudit.probe import CallRecord
 from qaudit.report import accumulation_of, calls_per_microbatch, precision_of
 from qaudit.train import LEARNING_RATE, attach_grad_buffers, zero_grad_buffer
@@ -38,6 +37,11 @@ class UpstreamModel:
     modules: list[ModuleFacts]
     ran: bool  # forward and backward ran (else construction only)
     notes: list[str] = field(default_factory=list)
+    rejected: str | None = None  # why upstream refused to build the config (nothing built)
+
+
+class Rejected(Exception):
+    """Upstream's own code refused the config (its validation or an assertion at build)."""
 
 
 def upstream_classes() -> dict[str, Any]:
@@ -62,8 +66,7 @@ def make_config(upstream: UpstreamInput) -> Any:
     try:
         return cls(**kwargs)
     except (AssertionError, ValueError, TypeError) as exc:
-        raise InputError(f"the installed Megatron's {cls.__name__} rejects this config: "
-                         f"{type(exc).__name__}: {exc}") from exc
+        raise Rejected(f"{cls.__name__}: {type(exc).__name__}: {exc}") from exc
 
 
 def _call_with_supported(function: Any, *args: Any, **kwargs: Any) -> Any:
@@ -139,9 +142,12 @@ def build_model(upstream: UpstreamInput, seed: int = 0) -> tuple[Any, Any, dict[
     spec = layer_spec(config)
     torch.manual_seed(seed)
     with _recording_binder(classes["gpt_model"]) as bound:
-        model = classes["GPTModel"](config=config, transformer_layer_spec=spec,
-                                    mtp_block_spec=mtp_spec(config, spec),
-                                    **upstream.model_kwargs)
+        try:
+            model = classes["GPTModel"](config=config, transformer_layer_spec=spec,
+                                        mtp_block_spec=mtp_spec(config, spec),
+                                        **upstream.model_kwargs)
+        except (AssertionError, ValueError) as exc:
+            raise Rejected(f"GPTModel: {type(exc).__name__}: {exc}") from exc
     return config, model, bound
 
 
@@ -179,6 +185,11 @@ def run_training(model: torch.nn.Module, probe: standin_te.CallProbe, steps: int
         with torch.no_grad():
             for param in params:
                 param.add_(param.main_grad, alpha=-LEARNING_RATE)
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def _tracked(records: list[CallRecord]) -> str:
@@ -260,12 +271,20 @@ def observe_mcore_linears(model: torch.nn.Module, probe: standin_te.CallProbe
 
 def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: int = 0,
                   run: bool = True) -> UpstreamModel:
-    config, model, bound = build_model(upstream, seed)
+    try:
+        config, model, bound = build_model(upstream, seed)
+    except Rejected as exc:
+        return UpstreamModel([], ran=False, rejected=_one_line(str(exc)))
     if not run:
         return UpstreamModel(module_facts(model, bound, None, {}), ran=False)
     probe = standin_te.CallProbe()
     probe.names = {id(module): name for name, module in linear_modules(model)}
-    with standin_te.probing(probe), observe_mcore_linears(model, probe) as decisions:
-        run_training(model, probe, steps, microbatches, upstream.model_kwargs["vocab_size"],
-                     upstream.model_kwargs["max_sequence_length"], seed)
+    try:
+        with standin_te.probing(probe), observe_mcore_linears(model, probe) as decisions:
+            run_training(model, probe, steps, microbatches, upstream.model_kwargs["vocab_size"],
+                         upstream.model_kwargs["max_sequence_length"], seed)
+    except standin_te.NotOnCPU as exc:
+        # A feature of this config runs a CUDA kernel: compare what was built.
+        return UpstreamModel(module_facts(model, bound, None, {}), ran=False,
+                             notes=[f"the training run needs {exc}; compared as built"])
     return UpstreamModel(module_facts(model, bound, probe, decisions), ran=True)

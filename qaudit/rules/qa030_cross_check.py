@@ -13,7 +13,7 @@ _FIELD_WORDS = {
     "precision": "executed precision", "tracked": "tracked", "accumulation": "accumulation",
     "calls_per_microbatch": "calls per microbatch",
     "nograd_calls_per_microbatch": "no-grad calls per microbatch",
-    "config field": "config field",
+    "config field": "config field", "build": "the config",
 }
 _RUN_FIELDS = {"tracked", "accumulation"}
 
@@ -46,7 +46,16 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
         what = _FIELD_WORDS.get(difference.field, difference.field)
         module = None if difference.module == "-" else difference.module
         message = f"{what}: qaudit {difference.qaudit}; {version} {difference.megatron}"
-        fix = ("re-run with the --policy that matches the installed Megatron (0.19 and "
-               "earlier: legacy)" if difference.field in _RUN_FIELDS else
-               "treat this module's row as unverified; report the difference to qaudit")
-        yield Finding("QA030", "error", module, message, file, None, fix)
+        yield Finding("QA030", "error", module, message, file, None, _fix(difference.field))
+
+
+def _fix(field: str) -> str:
+    if field in _RUN_FIELDS:
+        return ("re-run with the --policy that matches the installed Megatron (0.19 and "
+                "earlier: legacy)")
+    if field == "build":
+        return "the installed Megatron cannot train this config: fix what its message names"
+    if field == "config field":
+        return ("the installed Megatron's TransformerConfig does not know this field (a newer "
+                "release may): drop it or upgrade Megatron")
+    return "treat this module's row as unverified; report the difference to qaudit"
