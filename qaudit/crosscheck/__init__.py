@@ -68,6 +68,19 @@ def _quiet_megatron() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def _not_built_here(config: "ModelConfig") -> str | None:
+    """Models the upstream builder does not build yet: said in the report, never compared
+    against the wrong upstream class."""
+    if config.is_hybrid:
+        return "hybrid (Mamba) models: upstream's HybridModel is not built by the cross-check yet"
+    if config.is_t5:
+        return "encoder-decoder (T5) models: upstream's T5Model is not built by the cross-check yet"
+    if config.pipeline_model_parallel_size > 1:
+        return ("pipeline parallelism: upstream's per-stage build is not run by the cross-check "
+                "yet")
+    return None
+
+
 def qaudit_facts(run: "AuditRun") -> list[ModuleFacts]:
     """qaudit's own model as the same plain list: its rows plus each wrapper's answer to
     will_execute_quantized in training mode."""
@@ -98,6 +111,10 @@ def cross_check(config: "ModelConfig", recipe: "QuantRecipe | None", run: "Audit
     from qaudit.crosscheck.environment import upstream_environment
 
     not_covered: list[str] = []
+    version = location.version or "unknown"
+    unsupported = _not_built_here(config)
+    if unsupported:
+        return CrossCheck(version, str(location.root), 0, [], False, [unsupported])
     train = not options.evaluation
     if options.evaluation:
         not_covered.append("--eval: upstream's model is compared as built, not run")

@@ -202,15 +202,22 @@ class _Recorded(reference._ReferenceModule):
                        is_first_microbatch: bool | None) -> torch.Tensor:
         probe = _probe
         name = probe.name_of(self) if probe is not None else None
-        if name is None:  # not part of the audited model (or called outside the run)
-            return self._gemm(x, m_splits, is_first_microbatch)
-        record = probe.recorder.on_forward(name, is_first_microbatch, torch.is_grad_enabled(),
-                                           reference.current_quant(), self.training)
-        self.wgrad_listener = probe.recorder.listener_for(record)
-        try:
-            return self._gemm(x, m_splits, is_first_microbatch)
-        finally:
-            self.wgrad_listener = None
+        listener = None
+        if name is not None:  # None: not an audited module, or called outside the run
+            record = probe.recorder.on_forward(name, is_first_microbatch, torch.is_grad_enabled(),
+                                               reference.current_quant(), self.training)
+            listener = probe.recorder.listener_for(record)
+        # TE's wgrad rule, read at forward as TE does (qaudit/runtime/reference.py). The GEMM
+        # runs in high precision: the cross-check compares which precision each call is in,
+        # what it was passed and what its backward does, not numerics (fake quantization
+        # would only add time).
+        meta = {"quant": None, "m_splits": list(m_splits) if m_splits is not None else None,
+                "compute_weight": self.weight.detach(),
+                "plan": reference.wgrad_plan(
+                    self.fuse_wgrad_accumulation, is_first_microbatch,
+                    bool(getattr(self.weight, "overwrite_main_grad", False))),
+                "listener": listener}
+        return reference.gemm(x, self.weight, meta)
 
     def _bias_out(self, out: torch.Tensor, bias: torch.Tensor | None,
                   return_bias: bool) -> Any:
@@ -286,8 +293,7 @@ class GroupedLinear(_Recorded):
         self.single_grouped_weight = self.single_grouped_bias = True
         self.weight = torch.nn.Parameter(
             torch.empty(num_gemms, out_features, in_features, dtype=self._dtype))
-        for expert in self.weight.data:
-            _init(expert, init_method)
+        _init(self.weight, init_method)  # Megatron's init methods are elementwise
         self.bias = (torch.nn.Parameter(torch.zeros(num_gemms, out_features, dtype=self._dtype))
                      if bias else None)
 
