@@ -184,6 +184,9 @@ class ConfigSource:
     path: Path
     mapping: YamlMap
     notes: list[SourceNote] = field(default_factory=list)
+    # Launch scripts and MODEL_ARGS files: Megatron's argv as qaudit read it (tokens.Word), so
+    # that --cross-check can hand the same words to upstream's own argument parser.
+    argv: list[Any] | None = None
 
     def line_of(self, key: str) -> int | None:
         if key in self.mapping.key_lines:

@@ -81,6 +81,34 @@ def _not_built_here(config: "ModelConfig") -> str | None:
     return None
 
 
+def _upstream_input(config: "ModelConfig", recipe: "QuantRecipe | None",
+                    not_covered: list[str]) -> Any:
+    """What to build: from the YAML's TransformerConfig fields, or from upstream's own
+    argument parsing of a launch script's or MODEL_ARGS file's words. A string: upstream's
+    argument checks refused the command line (why)."""
+    from qaudit.crosscheck import upstream_build, upstream_config
+
+    argv = config.source.argv if config.source else None
+    if argv is None:
+        classes = upstream_build.upstream_classes()
+        mla = classes["MLATransformerConfig"]
+        return upstream_config.from_yaml(
+            config, recipe.file if recipe else None,
+            upstream_config.dataclass_fields(classes["TransformerConfig"]),
+            upstream_config.dataclass_fields(mla) if mla else set())
+    words, dropped = upstream_config.argv_strings(argv)
+    if dropped:
+        not_covered.append("flags passed only under a condition the script leaves open")
+    try:
+        upstream, args = upstream_config.from_arguments(config, words)
+    except upstream_config.ArgumentsRejected as exc:
+        return str(exc)
+    spec = getattr(args, "spec", None)
+    if spec:
+        not_covered.append(f"--spec {' '.join(spec)}: compared with the TE layer spec")
+    return upstream
+
+
 def qaudit_facts(run: "AuditRun") -> list[ModuleFacts]:
     """qaudit's own model as the same plain list: its rows plus each wrapper's answer to
     will_execute_quantized in training mode."""
@@ -120,14 +148,13 @@ def cross_check(config: "ModelConfig", recipe: "QuantRecipe | None", run: "Audit
         not_covered.append("--eval: upstream's model is compared as built, not run")
     try:
         with _quiet_megatron(), upstream_environment(allow_import=options.allow_import):
-            classes = upstream_build.upstream_classes()
-            upstream = upstream_config.from_yaml(
-                config, recipe.file if recipe else None,
-                upstream_config.dataclass_fields(classes["TransformerConfig"]),
-                upstream_config.dataclass_fields(classes["MLATransformerConfig"])
-                if classes["MLATransformerConfig"] else set())
-            built = upstream_build.build_and_run(upstream, options.steps, options.microbatches,
-                                                 options.seed, run=train)
+            upstream = _upstream_input(config, recipe, not_covered)
+            if isinstance(upstream, str):  # upstream's own argument checks refused it
+                built = upstream_build.UpstreamModel([], ran=False, rejected=upstream)
+            else:
+                built = upstream_build.build_and_run(upstream, options.steps,
+                                                     options.microbatches, options.seed,
+                                                     run=train)
     except (InputError, EnvironmentProblem):
         raise
     except Exception as exc:  # noqa: BLE001 - upstream's code failed: say so, in one line
@@ -145,6 +172,6 @@ def cross_check(config: "ModelConfig", recipe: "QuantRecipe | None", run: "Audit
     differences = compare(ours, built.modules, built.ran)
     differences.extend(Difference("-", "config field", "accepted", "not a field of the "
                                   "installed TransformerConfig: " + name)
-                       for name in upstream.unknown_fields)
+                       for name in getattr(upstream, "unknown_fields", []))
     return CrossCheck(location.version or "unknown", str(location.root), len(ours), differences,
                       built.ran, not_covered)

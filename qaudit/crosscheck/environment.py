@@ -118,6 +118,37 @@ def _sys_modules(entries: dict[str, types.ModuleType]) -> Iterator[None]:
                 del sys.modules[name]
 
 
+class _Stream:
+    """A CUDA stream or event on a CPU process: work is already ordered, waits return."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, *args: Any) -> None:
+        return None
+
+    def wait_event(self, *args: Any) -> None:
+        return None
+
+    def record_event(self, *args: Any) -> "_Stream":
+        return _Stream()
+
+    def record(self, *args: Any) -> None:
+        return None
+
+    def wait(self, *args: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+_CURRENT_STREAM = _Stream()
+
+
 def _cpu_cuda_answers() -> contextlib.ExitStack:
     """torch.cuda questions Megatron asks while building on CPU, answered for a CPU process."""
     stack = contextlib.ExitStack()
@@ -125,11 +156,16 @@ def _cpu_cuda_answers() -> contextlib.ExitStack:
         return stack
     cpu = torch.device("cpu")
     stack.enter_context(_patched(torch.cuda, "current_device", lambda: cpu))
-    stack.enter_context(_patched(torch.cuda, "get_device_capability", lambda *a, **k: (9, 0)))
+    stack.enter_context(_patched(torch.cuda, "get_device_capability", lambda *a, **k: (10, 0)))
     stack.enter_context(_patched(torch.cuda, "device_count", lambda: 1))
     stack.enter_context(_patched(torch.cuda, "get_rng_state", lambda *a, **k: torch.get_rng_state()))
     stack.enter_context(_patched(torch.cuda, "set_rng_state", lambda *a, **k: None))
     stack.enter_context(_patched(torch.cuda, "synchronize", lambda *a, **k: None))
+    stack.enter_context(_patched(torch.cuda, "Stream", _Stream))
+    stack.enter_context(_patched(torch.cuda, "Event", _Stream))
+    stack.enter_context(_patched(torch.cuda, "current_stream", lambda *a, **k: _CURRENT_STREAM))
+    stack.enter_context(_patched(torch.cuda, "stream",
+                                 lambda *a, **k: contextlib.nullcontext()))
     return stack
 
 

@@ -490,6 +490,18 @@ def _make_modules() -> dict[str, types.ModuleType]:
         name: _cuda_kernel(name) for name in (
             "fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss",
             "fused_topk_with_score_function")})
+    kernels = {  # fused kernels: present (TransformerConfig checks), never run (docs/cross-check.md)
+        "transformer_engine.pytorch.permutation": (
+            "moe_permute", "moe_permute_with_probs", "moe_sort_chunks_by_index",
+            "moe_sort_chunks_by_index_with_probs", "moe_unpermute",
+            "moe_permute_and_pad_with_probs"),
+        "transformer_engine.pytorch.attention.rope": ("apply_rotary_pos_emb",),
+        "transformer_engine.pytorch.cross_entropy": ("parallel_cross_entropy",),
+    }
+    extra = {name: _module(name, **{k: _cuda_kernel(k) for k in names})
+             for name, names in kernels.items()}
+    attention = _module("transformer_engine.pytorch.attention",
+                        rope=extra["transformer_engine.pytorch.attention.rope"])
     pytorch = _module(
         "transformer_engine.pytorch", Linear=Linear, LayerNormLinear=LayerNormLinear,
         GroupedLinear=GroupedLinear, LayerNorm=LayerNorm, RMSNorm=RMSNorm,
@@ -497,11 +509,14 @@ def _make_modules() -> dict[str, types.ModuleType]:
         Fp8Unpadding=Fp8Unpadding, fp8=fp8, fp8_autocast=fp8_autocast,
         fp8_model_init=fp8_model_init, autocast=autocast, quantized_model_init=quantized_model_init,
         distributed=distributed, cpu_offload=cpu_offload, module=module_pkg, tensor=tensor,
-        router=router,
+        router=router, attention=attention,
+        permutation=extra["transformer_engine.pytorch.permutation"],
+        cross_entropy=extra["transformer_engine.pytorch.cross_entropy"],
         FP8GlobalStateManager=FP8GlobalStateManager, __version__=VERSION)
     top = _module("transformer_engine", pytorch=pytorch, common=common, __version__=VERSION)
     modules = {m.__name__: m for m in (top, common, recipe, pytorch, fp8, distributed,
-                                       cpu_offload, module_pkg, base, tensor, router)}
+                                       cpu_offload, module_pkg, base, tensor, router,
+                                       attention, *extra.values())}
     for name, module in modules.items():
         # Packages need a __path__ for `from transformer_engine.pytorch.x import y` to look
         # up submodules; nothing is ever found on disk there.

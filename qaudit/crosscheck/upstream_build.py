@@ -26,7 +26,8 @@ from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
 from qaudit.crosscheck.upstream_config import UpstreamInput
 from qaudit.probe import CallRecord
 from qaudit.report import accumulation_of, calls_per_microbatch, precision_of
-from qaudit.train import LEARNING_RATE, attach_grad_buffers, zero_grad_buffer
+from qaudit.train import (LEARNING_RATE, attach_grad_buffers, step_gradient,
+                          zero_grad_buffer)
 
 # Megatron's own (non-TE) linear classes: rows too (the usual output layer is one).
 MCORE_LINEARS = ("ColumnParallelLinear", "RowParallelLinear")
@@ -59,10 +60,13 @@ def make_config(upstream: UpstreamInput) -> Any:
     from megatron.core.quantization.utils import load_quantization_recipe
 
     classes = upstream_classes()
-    cls = classes["MLATransformerConfig"] if upstream.mla else classes["TransformerConfig"]
+    cls = upstream.config_class or (classes["MLATransformerConfig"] if upstream.mla
+                                    else classes["TransformerConfig"])
     kwargs = dict(upstream.config_kwargs)
     if upstream.recipe_path is not None:
         kwargs["quant_recipe"] = load_quantization_recipe(upstream.recipe_path)
+    elif upstream.prebuilt_recipe is not None:
+        kwargs["quant_recipe"] = upstream.prebuilt_recipe
     try:
         return cls(**kwargs)
     except (AssertionError, ValueError, TypeError) as exc:
@@ -162,10 +166,12 @@ def linear_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
 
 
 def run_training(model: torch.nn.Module, probe: standin_te.CallProbe, steps: int,
-                 microbatches: int, vocab: int, seq_length: int, seed: int = 0) -> None:
+                 microbatches: int, vocab: int, seq_length: int, seed: int = 0,
+                 overwrite_main_grad: bool = False) -> None:
     """qaudit's training loop around upstream's model: re-arm through upstream's own
-    set_is_first_microbatch at each step's first microbatch, forward, backward, update."""
-    params = attach_grad_buffers(model)
+    set_is_first_microbatch at each step's first microbatch, forward, backward, update.
+    `overwrite_main_grad`: Megatron-FSDP's buffers (each microbatch's gradient is drained)."""
+    params = attach_grad_buffers(model, overwrite_main_grad=overwrite_main_grad)
     generator = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(microbatches):
@@ -177,14 +183,18 @@ def run_training(model: torch.nn.Module, probe: standin_te.CallProbe, steps: int
         zero_grad_buffer(params)
         probe.recorder.start_step()
         for index, (tokens, labels) in enumerate(batches):
-            probe.recorder.start_microbatch()
+            probe.recorder.start_microbatch(buffers_drained=overwrite_main_grad)
             if index == 0:
                 model.set_is_first_microbatch()
             loss = model(tokens, position_ids, None, labels=labels)
             loss.float().mean().backward()
+            if overwrite_main_grad:
+                for param in params:
+                    param.sharded_grad.add_(param.main_grad)
+                    param.main_grad.zero_()
         with torch.no_grad():
             for param in params:
-                param.add_(param.main_grad, alpha=-LEARNING_RATE)
+                param.add_(step_gradient(param), alpha=-LEARNING_RATE)
 
 
 def _one_line(text: str, limit: int = 400) -> str:
@@ -282,7 +292,8 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
     try:
         with standin_te.probing(probe), observe_mcore_linears(model, probe) as decisions:
             run_training(model, probe, steps, microbatches, upstream.model_kwargs["vocab_size"],
-                         upstream.model_kwargs["max_sequence_length"], seed)
+                         upstream.model_kwargs["max_sequence_length"], seed,
+                         upstream.overwrite_main_grad)
     except standin_te.NotOnCPU as exc:
         # A feature of this config runs a CUDA kernel: compare what was built.
         return UpstreamModel(module_facts(model, bound, None, {}), ran=False,

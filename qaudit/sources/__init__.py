@@ -46,7 +46,7 @@ def load_source_config(path: Path, display: str,
         return None
     result = translate(split_argv(words), display)
     _resolve_recipe(result.mapping, path, display)
-    source = ConfigSource(display, path, result.mapping, notes + result.notes)
+    source = ConfigSource(display, path, result.mapping, notes + result.notes, argv=list(words))
     try:
         return config_from_mapping(result.mapping, source)
     except InputError as exc:
