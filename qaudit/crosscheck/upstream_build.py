@@ -80,14 +80,15 @@ def _call_with_supported(function: Any, *args: Any, **kwargs: Any) -> Any:
     return function(*args, **{k: v for k, v in kwargs.items() if k in accepted})
 
 
-def layer_spec(config: Any) -> Any:
-    """The layer spec Megatron-LM's gpt_builders.py picks for the TE implementation."""
+def layer_spec(config: Any, stage: dict[str, Any]) -> Any:
+    """The layer spec Megatron-LM's gpt_builders.py picks for the TE implementation;
+    `stage`: vp_stage and pp_rank of the chunk being built."""
     specs = upstream_classes()["specs"]
     if config.num_moe_experts:
         return _call_with_supported(specs.get_gpt_decoder_block_spec, config,
                                     use_transformer_engine=True,
                                     normalization=config.normalization,
-                                    qk_l2_norm=config.qk_l2_norm)
+                                    qk_l2_norm=config.qk_l2_norm, **stage)
     return _te_layer_spec(specs, config)
 
 
@@ -103,7 +104,7 @@ def _te_layer_spec(specs: Any, config: Any) -> Any:
         use_grouped_gemm_for_dense_mlp=getattr(config, "use_grouped_gemm_for_dense_mlp", False))
 
 
-def mtp_spec(config: Any, spec: Any) -> Any:
+def mtp_spec(config: Any, spec: Any, stage: dict[str, Any]) -> Any:
     if not config.mtp_num_layers:
         return None
     specs = upstream_classes()["specs"]
@@ -113,11 +114,11 @@ def mtp_spec(config: Any, spec: Any) -> Any:
         last = _call_with_supported(specs.get_gpt_decoder_layer_specs, config,
                                     use_transformer_engine=True,
                                     normalization=config.normalization,
-                                    qk_l2_norm=config.qk_l2_norm)[-1]
+                                    qk_l2_norm=config.qk_l2_norm, **stage)[-1]
     else:
         last = spec
     return _call_with_supported(specs.get_gpt_mtp_block_spec, config, last,
-                                use_transformer_engine=True)
+                                use_transformer_engine=True, **stage)
 
 
 @contextlib.contextmanager
@@ -139,55 +140,160 @@ def _recording_binder(gpt_model_module: Any) -> Iterator[dict[str, str]]:
         gpt_model_module.get_quant_config_or_none = original
 
 
-def build_model(upstream: UpstreamInput, seed: int = 0) -> tuple[Any, Any, dict[str, str]]:
-    """(config, GPTModel, module name -> bound recipe config)."""
+@dataclass
+class Chunk:
+    """One model chunk: a pipeline stage's (virtual) part, or the whole model."""
+
+    prefix: str  # qaudit's row prefix: "", "stage1/", "stage0.chunk1/"
+    stage: int
+    index: int  # virtual chunk
+    model: Any
+    bound: dict[str, str]  # chunk-local module name -> recipe config bound
+    pre_process: bool
+    post_process: bool
+
+
+class _Group:
+    """A pipeline process group as the chunk being built sees it (rank and size only)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+@contextlib.contextmanager
+def pipeline_rank(stage: int, stages: int, chunk: int, chunks: int | None) -> Iterator[None]:
+    """Megatron's own parallel_state overrides (set_pipeline_model_parallel_rank, ...): code
+    that asks parallel_state which stage it is on gets the chunk being built or run."""
+    from megatron.core import parallel_state as ps
+
+    if stages == 1:
+        yield
+        return
+    ps.set_pipeline_model_parallel_world_size(stages)
+    ps.set_pipeline_model_parallel_rank(stage)
+    ps.set_virtual_pipeline_model_parallel_world_size(chunks)
+    ps.set_virtual_pipeline_model_parallel_rank(chunk if chunks else None)
+    try:
+        yield
+    finally:
+        ps.set_pipeline_model_parallel_world_size(None)
+        ps.set_pipeline_model_parallel_rank(None)
+        ps.set_virtual_pipeline_model_parallel_world_size(None)
+        ps.set_virtual_pipeline_model_parallel_rank(None)
+
+
+def build_model(upstream: UpstreamInput, seed: int = 0) -> tuple[Any, list[Chunk]]:
+    """Upstream's config and its model chunks, in the order a microbatch passes them."""
     classes = upstream_classes()
     config = make_config(upstream)
-    spec = layer_spec(config)
+    stages = config.pipeline_model_parallel_size
+    chunks = config.virtual_pipeline_model_parallel_size
     torch.manual_seed(seed)
-    with _recording_binder(classes["gpt_model"]) as bound:
+    built = []
+    for index in range(chunks or 1):
+        for stage in range(stages):
+            prefix = "" if stages == 1 else (f"stage{stage}/" if not chunks
+                                             else f"stage{stage}.chunk{index}/")
+            built.append(_build_chunk(classes, config, upstream, prefix, stage, stages, index,
+                                      chunks))
+    _share_embedding_copies(built)
+    return config, built
+
+
+def _build_chunk(classes: dict[str, Any], config: Any, upstream: UpstreamInput, prefix: str,
+                 stage: int, stages: int, index: int, chunks: int | None) -> Chunk:
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    vp_stage = index if chunks else None
+    pre = stage == 0 and index == 0
+    post = stage == stages - 1 and index == (chunks or 1) - 1
+    extra: dict[str, Any] = {}
+    where: dict[str, Any] = {}
+    if stages > 1:
+        groups = ProcessGroupCollection.use_mpu_process_groups()
+        groups.pp = _Group(stage, stages)
+        # No embedding group: the first stage's weights are copied to the last stage's
+        # copies below, as Megatron's all-reduce at construction does.
+        groups.embd = groups.pos_embd = None
+        extra = {"pre_process": pre, "post_process": post, "vp_stage": vp_stage,
+                 "pg_collection": groups}
+        where = {"vp_stage": vp_stage, "pp_rank": stage}
+    with pipeline_rank(stage, stages, index, chunks), \
+            _recording_binder(classes["gpt_model"]) as bound:
         try:
+            spec = layer_spec(config, where)
             model = classes["GPTModel"](config=config, transformer_layer_spec=spec,
-                                        mtp_block_spec=mtp_spec(config, spec),
-                                        **upstream.model_kwargs)
+                                        mtp_block_spec=mtp_spec(config, spec, where),
+                                        **upstream.model_kwargs, **extra)
         except (AssertionError, ValueError) as exc:
             raise Rejected(f"GPTModel: {type(exc).__name__}: {exc}") from exc
-    return config, model, bound
+    return Chunk(prefix, stage, index, model, bound, pre, post)
 
 
-def linear_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+def _share_embedding_copies(chunks: list[Chunk]) -> None:
+    first = getattr(chunks[0].model, "embedding", None)
+    if first is None or len(chunks) == 1:
+        return
+    source = first.word_embeddings.weight
+    for chunk in chunks[1:]:
+        for param in chunk.model.parameters():
+            if getattr(param, "shared_embedding", False) and param.shape == source.shape:
+                with torch.no_grad():
+                    param.copy_(source)
+
+
+def linear_modules(chunks: list[Chunk]) -> list[tuple[str, torch.nn.Module]]:
+    """(row name, module) of every linear module, chunk by chunk, in upstream's order."""
     found = []
-    for name, module in model.named_modules():
-        if isinstance(module, (standin_te.Linear, standin_te.GroupedLinear)):
-            found.append((name, module))
-        elif type(module).__name__ in MCORE_LINEARS and not isinstance(module, standin_te._Recorded):
-            found.append((name, module))
+    for chunk in chunks:
+        for name, module in chunk.model.named_modules():
+            if isinstance(module, (standin_te.Linear, standin_te.GroupedLinear)) or (
+                    type(module).__name__ in MCORE_LINEARS
+                    and not isinstance(module, standin_te._Recorded)):
+                found.append((chunk.prefix + name, module))
     return found
 
 
-def run_training(model: torch.nn.Module, probe: standin_te.CallProbe, steps: int,
+def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                  microbatches: int, vocab: int, seq_length: int, seed: int = 0,
                  overwrite_main_grad: bool = False) -> None:
-    """qaudit's training loop around upstream's model: re-arm through upstream's own
-    set_is_first_microbatch at each step's first microbatch, forward, backward, update.
+    """qaudit's training loop around upstream's model chunks: re-arm through upstream's own
+    set_is_first_microbatch at each step's first microbatch, forward through every chunk in
+    order (one process, as qaudit's own pipelined run), backward, update.
     `overwrite_main_grad`: Megatron-FSDP's buffers (each microbatch's gradient is drained)."""
-    params = attach_grad_buffers(model, overwrite_main_grad=overwrite_main_grad)
+    modules = torch.nn.ModuleList(chunk.model for chunk in chunks)
+    params = attach_grad_buffers(modules, overwrite_main_grad=overwrite_main_grad)
     generator = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(microbatches):
         tokens = torch.randint(0, vocab, (2, seq_length + 1), generator=generator)
         batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
     position_ids = torch.arange(seq_length).unsqueeze(0).expand(2, -1)
-    model.train()
+    stages = max(chunk.stage for chunk in chunks) + 1
+    virtual = max(chunk.index for chunk in chunks) + 1
+    modules.train()
     for _ in range(steps):
         zero_grad_buffer(params)
         probe.recorder.start_step()
         for index, (tokens, labels) in enumerate(batches):
             probe.recorder.start_microbatch(buffers_drained=overwrite_main_grad)
-            if index == 0:
-                model.set_is_first_microbatch()
-            loss = model(tokens, position_ids, None, labels=labels)
-            loss.float().mean().backward()
+            hidden = None
+            for chunk in chunks:
+                with pipeline_rank(chunk.stage, stages, chunk.index,
+                                   virtual if virtual > 1 else None):
+                    if index == 0:
+                        chunk.model.set_is_first_microbatch()
+                    if not chunk.pre_process:
+                        chunk.model.set_input_tensor(hidden)
+                    hidden = chunk.model(tokens, position_ids, None,
+                                         labels=labels if chunk.post_process else None)
+            hidden.float().mean().backward()
             if overwrite_main_grad:
                 for param in params:
                     param.sharded_grad.add_(param.main_grad)
@@ -210,14 +316,15 @@ def _tracked(records: list[CallRecord]) -> str:
     return "yes" if any(r.flag is True and r.step > 0 for r in records) else "stale"
 
 
-def module_facts(model: torch.nn.Module, bound: dict[str, str], probe: standin_te.CallProbe | None,
+def module_facts(chunks: list[Chunk], probe: standin_te.CallProbe | None,
                  mcore_decisions: dict[str, list[str]]) -> list[ModuleFacts]:
     records: dict[str, list[CallRecord]] = defaultdict(list)
     if probe is not None:
         for record in probe.recorder.calls:
             records[record.module].append(record)
+    bound = {chunk.prefix + name: key for chunk in chunks for name, key in chunk.bound.items()}
     facts = []
-    for name, module in linear_modules(model):
+    for name, module in linear_modules(chunks):
         te = isinstance(module, standin_te._Recorded)
         upstream_class = type(module).__name__
         wrapper = module if te else None
@@ -250,14 +357,14 @@ def _assign_decisions(records: list[CallRecord], decisions: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def observe_mcore_linears(model: torch.nn.Module, probe: standin_te.CallProbe
+def observe_mcore_linears(chunks: list[Chunk], probe: standin_te.CallProbe
                           ) -> Iterator[dict[str, list[str]]]:
     """Record calls of Megatron's own linears (forward pre-hooks) and which of them the fused
     wgrad kernel accumulated into (by main_grad buffer)."""
     handles = []
     owners: dict[int, str] = {}
     decisions: dict[str, list[str]] = defaultdict(list)
-    for name, module in linear_modules(model):
+    for name, module in linear_modules(chunks):
         if isinstance(module, standin_te._Recorded):
             continue
 
@@ -272,7 +379,8 @@ def observe_mcore_linears(model: torch.nn.Module, probe: standin_te.CallProbe
     finally:
         for handle in handles:
             handle.remove()
-        params = {id(getattr(p, "main_grad", None)): id(p) for p in model.parameters()}
+        params = {id(getattr(p, "main_grad", None)): id(p)
+                  for chunk in chunks for p in chunk.model.parameters()}
         for buffer in fused_wgrad_calls():
             owner = owners.get(params.get(id(buffer), -1))
             if owner is not None:
@@ -282,20 +390,20 @@ def observe_mcore_linears(model: torch.nn.Module, probe: standin_te.CallProbe
 def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: int = 0,
                   run: bool = True) -> UpstreamModel:
     try:
-        config, model, bound = build_model(upstream, seed)
+        _, chunks = build_model(upstream, seed)
     except Rejected as exc:
         return UpstreamModel([], ran=False, rejected=_one_line(str(exc)))
     if not run:
-        return UpstreamModel(module_facts(model, bound, None, {}), ran=False)
+        return UpstreamModel(module_facts(chunks, None, {}), ran=False)
     probe = standin_te.CallProbe()
-    probe.names = {id(module): name for name, module in linear_modules(model)}
+    probe.names = {id(module): name for name, module in linear_modules(chunks)}
     try:
-        with standin_te.probing(probe), observe_mcore_linears(model, probe) as decisions:
-            run_training(model, probe, steps, microbatches, upstream.model_kwargs["vocab_size"],
+        with standin_te.probing(probe), observe_mcore_linears(chunks, probe) as decisions:
+            run_training(chunks, probe, steps, microbatches, upstream.model_kwargs["vocab_size"],
                          upstream.model_kwargs["max_sequence_length"], seed,
                          upstream.overwrite_main_grad)
     except standin_te.NotOnCPU as exc:
         # A feature of this config runs a CUDA kernel: compare what was built.
-        return UpstreamModel(module_facts(model, bound, None, {}), ran=False,
+        return UpstreamModel(module_facts(chunks, None, {}), ran=False,
                              notes=[f"the training run needs {exc}; compared as built"])
-    return UpstreamModel(module_facts(model, bound, probe, decisions), ran=True)
+    return UpstreamModel(module_facts(chunks, probe, decisions), ran=True)

@@ -74,10 +74,11 @@ def cpu_overrides(config: ModelConfig) -> dict[str, Any]:
         "ffn_hidden_size": d.ffn, "moe_ffn_hidden_size": d.moe_ffn if config.is_moe else None,
         "tensor_model_parallel_size": 1, "context_parallel_size": 1,
         "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1,
-        "sequence_parallel": False, "pipeline_model_parallel_size": 1,
-        "virtual_pipeline_model_parallel_size": None,
-        "num_layers_in_first_pipeline_stage": None, "num_layers_in_last_pipeline_stage": None,
+        "sequence_parallel": False,
+        # Pipeline sizes stay the user's: each stage's chunks are built (with Megatron's own
+        # parallel_state overrides) and run in order in this one process.
         "bf16": False, "fp16": False, "params_dtype": torch.float32,
+        "pipeline_dtype": torch.float32,
         "use_cpu_initialization": True, "perform_initialization": True,
         "gradient_accumulation_fusion": config.gradient_accumulation_fusion,
         # Fused kernels (CUDA, or torch.compile'd): Megatron's unfused path instead. They
