@@ -209,6 +209,23 @@ def _typing_override() -> contextlib.ExitStack:
     return stack
 
 
+def _cpu_megatron_calls() -> contextlib.ExitStack:
+    """Megatron's own CUDA-only helpers that its CPU-capable paths call (docs/cross-check.md):
+    activation recompute saves and restores the CUDA RNG state
+    (megatron/core/tensor_parallel/random.py); on CPU the CPU generator's state stands in."""
+    stack = contextlib.ExitStack()
+    if torch.cuda.is_available():
+        return stack
+    random = importlib.import_module("megatron.core.tensor_parallel.random")
+    if hasattr(random, "_get_cuda_rng_state"):
+        stack.enter_context(_patched(random, "_get_cuda_rng_state",
+                                     lambda *a, **k: torch.get_rng_state()))
+    if hasattr(random, "_set_cuda_rng_state"):
+        stack.enter_context(_patched(random, "_set_cuda_rng_state",
+                                     lambda state, *a, **k: torch.set_rng_state(state)))
+    return stack
+
+
 def _no_custom_factory_imports() -> contextlib.ExitStack:
     """Without --allow-import, Megatron's `_get_custom_recipe` (which imports the factory a
     recipe names) gives a stand-in CustomRecipe instead: no code the input names is run."""
@@ -250,6 +267,7 @@ def upstream_environment(use_real_te: bool = False, allow_import: bool = False) 
                 stack.enter_context(_cpu_cuda_answers())
             stack.enter_context(_typing_override())
             _check_bound_to(use_real_te)
+            stack.enter_context(_cpu_megatron_calls())
             if not allow_import:
                 stack.enter_context(_no_custom_factory_imports())
             stack.enter_context(_process_group())

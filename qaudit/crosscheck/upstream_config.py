@@ -134,23 +134,24 @@ def dataclass_fields(cls: type) -> set[str]:
 
 # --- launch scripts and MODEL_ARGS files: upstream's own argument parsing --------------------
 
-# What an unknown shell value (command output, an unset variable) becomes on upstream's
-# command line: only flags the audit does not need take such values (qaudit refuses the rest).
-UNKNOWN_WORD = "qaudit-unknown"
 ENTRY_SCRIPT = "pretrain_gpt.py"
 
 
 def argv_strings(words: list[Any]) -> tuple[list[str], bool]:
     """The words as strings for upstream's parser; True when words that are passed only under
-    an undecided condition were left out."""
-    from qaudit.sources.argv import HOLE
+    an undecided condition were left out. A flag whose value the script only knows at run time
+    is left out with its value (upstream's default stands in): qaudit has already refused the
+    input if the audit needed that flag."""
+    from qaudit.sources.argv import HOLE, split_argv
 
-    strings, dropped = [], False
-    for word in words:
-        if getattr(word, "condition", ()):
-            dropped = True
+    argv = split_argv([word for word in words if not getattr(word, "condition", ())])
+    strings = []
+    for occurrence in argv.occurrences:
+        if any(value.unknown or HOLE in value.text for value in occurrence.values):
             continue
-        strings.append(word.text.replace(HOLE, UNKNOWN_WORD))
+        strings.append(occurrence.word.text)
+        strings.extend(value.text for value in occurrence.values)
+    dropped = any(getattr(word, "condition", ()) for word in words)
     return strings, dropped
 
 
