@@ -146,8 +146,13 @@ def cross_check(config: "ModelConfig", recipe: "QuantRecipe | None", run: "Audit
     try:
         with _quiet_megatron(), upstream_environment(allow_import=options.allow_import):
             upstream = _upstream_input(config, recipe, not_covered)
+            variant = getattr(upstream, "config_kwargs", {}).get("experimental_attention_variant")
             if isinstance(upstream, str):  # upstream's own argument checks refused it
                 built = upstream_build.UpstreamModel([], ran=False, rejected=upstream)
+            elif variant:
+                return CrossCheck(version, str(location.root), 0, [], False, [
+                    f"experimental_attention_variant {variant}: its block spec is not built "
+                    "by the cross-check"])
             else:
                 built = upstream_build.build_and_run(upstream, options.steps,
                                                      options.microbatches, options.seed,

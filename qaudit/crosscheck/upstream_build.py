@@ -13,6 +13,7 @@ qaudit's own model).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ def make_config(upstream: UpstreamInput) -> Any:
     cls = upstream.config_class or (classes["MLATransformerConfig"] if upstream.mla
                                     else classes["TransformerConfig"])
     kwargs = dict(upstream.config_kwargs)
+    kwargs.update(_cuda_graphs_off(cls))
     if upstream.recipe_path is not None:
         kwargs["quant_recipe"] = load_quantization_recipe(upstream.recipe_path)
     elif upstream.prebuilt_recipe is not None:
@@ -71,6 +73,19 @@ def make_config(upstream: UpstreamInput) -> Any:
         return cls(**kwargs)
     except (AssertionError, ValueError, TypeError) as exc:
         raise Rejected(f"{cls.__name__}: {type(exc).__name__}: {exc}") from exc
+
+
+def _cuda_graphs_off(cls: type) -> dict[str, Any]:
+    """Every CUDA-graph field at its default (off): graphs capture GPU work, and qaudit does
+    not model them either (QA090)."""
+    off = {}
+    for spec in dataclasses.fields(cls):
+        if "cuda_graph" in spec.name and spec.init:
+            if spec.default is not dataclasses.MISSING:
+                off[spec.name] = spec.default
+            elif spec.default_factory is not dataclasses.MISSING:
+                off[spec.name] = spec.default_factory()
+    return off
 
 
 def _call_with_supported(function: Any, *args: Any, **kwargs: Any) -> Any:
@@ -226,11 +241,11 @@ def _build_chunk(classes: dict[str, Any], config: Any, upstream: UpstreamInput, 
         where = {"vp_stage": vp_stage, "pp_rank": stage}
     with pipeline_rank(stage, stages, index, chunks), \
             _recording_binder(classes["gpt_model"]) as bound:
+        spec = layer_spec(config, where)  # a failure here is the cross-check's, not the input's
+        block = mtp_spec(config, spec, where)
         try:
-            spec = layer_spec(config, where)
             model = classes["GPTModel"](config=config, transformer_layer_spec=spec,
-                                        mtp_block_spec=mtp_spec(config, spec, where),
-                                        **upstream.model_kwargs, **extra)
+                                        mtp_block_spec=block, **upstream.model_kwargs, **extra)
         except (AssertionError, ValueError) as exc:
             raise Rejected(f"GPTModel: {type(exc).__name__}: {exc}") from exc
     return Chunk(prefix, stage, index, model, bound, pre, post)
