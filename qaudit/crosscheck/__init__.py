@@ -97,7 +97,8 @@ def _upstream_input(config: "ModelConfig", recipe: "QuantRecipe | None",
     if dropped:
         not_covered.append("flags passed only under a condition the script leaves open")
     try:
-        upstream, args = upstream_config.from_arguments(config, words)
+        upstream, args = upstream_config.from_arguments(config, words,
+                                                        config.source.environment)
     except upstream_config.ArgumentsRejected as exc:
         return str(exc)
     spec = getattr(args, "spec", None)

@@ -189,8 +189,20 @@ def _process_group() -> Iterator[None]:
         yield
     finally:
         parallel_state.destroy_model_parallel()
+        _reset_megatron_globals()
         if created:
             dist.destroy_process_group()
+
+
+def _reset_megatron_globals() -> None:
+    """Process-wide state one build leaves behind (MoE metrics sized to its layer count)."""
+    try:
+        logging = importlib.import_module("megatron.core.transformer.moe.moe_logging")
+    except ImportError:
+        return
+    destroy = getattr(logging, "destroy_moe_metrics_tracker", None)
+    if destroy is not None:
+        destroy()
 
 
 def _typing_override() -> contextlib.ExitStack:

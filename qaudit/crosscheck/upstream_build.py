@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -65,6 +66,7 @@ def make_config(upstream: UpstreamInput) -> Any:
                                     else classes["TransformerConfig"])
     kwargs = dict(upstream.config_kwargs)
     kwargs.update(_cuda_graphs_off(cls))
+    upstream.notes.extend(_cpu_substitutions(kwargs))
     if upstream.recipe_path is not None:
         kwargs["quant_recipe"] = load_quantization_recipe(upstream.recipe_path)
     elif upstream.prebuilt_recipe is not None:
@@ -73,6 +75,30 @@ def make_config(upstream: UpstreamInput) -> Any:
         return cls(**kwargs)
     except (AssertionError, ValueError, TypeError) as exc:
         raise Rejected(f"{cls.__name__}: {type(exc).__name__}: {exc}") from exc
+
+
+def _cpu_substitutions(kwargs: dict[str, Any]) -> list[str]:
+    """Run paths that need GPU-only libraries, replaced by Megatron's own CPU-capable ones
+    (same linear modules and calls); each one said in the report."""
+    notes = []
+    if kwargs.get("overlap_moe_expert_parallel_comm"):
+        # Needs expert parallelism (EP is 1 here); delay_wgrad_compute needs the overlap.
+        kwargs["overlap_moe_expert_parallel_comm"] = False
+        if kwargs.get("delay_wgrad_compute"):
+            kwargs["delay_wgrad_compute"] = False
+            notes.append("delay_wgrad_compute: run without it (it needs expert-parallel "
+                         "overlap, EP is 1 on CPU)")
+    for name in ("fine_grained_activation_offloading", "cpu_offloading"):
+        if kwargs.get(name):
+            kwargs[name] = False
+            notes.append(f"{name}: run without it (pinned host memory and CUDA streams)")
+    if kwargs.get("use_transformer_engine_op_fuser"):
+        kwargs["use_transformer_engine_op_fuser"] = False
+        notes.append("TE op fuser: run with Megatron's unfused TE modules")
+    if kwargs.get("moe_token_dispatcher_type") == "flex":
+        kwargs["moe_token_dispatcher_type"] = "alltoall"
+        notes.append("flex token dispatcher (DeepEP/HybridEP, CUDA): run with alltoall")
+    return notes
 
 
 def _cuda_graphs_off(cls: type) -> dict[str, Any]:
@@ -246,8 +272,9 @@ def _build_chunk(classes: dict[str, Any], config: Any, upstream: UpstreamInput, 
         try:
             model = classes["GPTModel"](config=config, transformer_layer_spec=spec,
                                         mtp_block_spec=block, **upstream.model_kwargs, **extra)
-        except (AssertionError, ValueError) as exc:
-            raise Rejected(f"GPTModel: {type(exc).__name__}: {exc}") from exc
+        except (AssertionError, ValueError, AttributeError, TypeError, ImportError,
+                NotImplementedError) as exc:
+            raise Rejected(f"GPTModel: {type(exc).__name__}: {exc}{_where(exc)}") from exc
     return Chunk(prefix, stage, index, model, bound, pre, post)
 
 
@@ -316,6 +343,18 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
         with torch.no_grad():
             for param in params:
                 param.add_(step_gradient(param), alpha=-LEARNING_RATE)
+
+
+def _where(exc: BaseException) -> str:
+    """ (at megatron/...py:LINE): the upstream line that raised, so that a refusal can be
+    told from a gap in the CPU stand-ins."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/megatron/" in f.filename]
+    if not frames:
+        return ""
+    path = frames[-1].filename
+    return f" (at {path[path.rindex('/megatron/') + 1:]}:{frames[-1].lineno})"
 
 
 def _one_line(text: str, limit: int = 400) -> str:
@@ -404,12 +443,15 @@ def observe_mcore_linears(chunks: list[Chunk], probe: standin_te.CallProbe
 
 def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: int = 0,
                   run: bool = True) -> UpstreamModel:
+    # upstream_environment restores os.environ afterwards.
+    os.environ.update(upstream.environment)
     try:
         _, chunks = build_model(upstream, seed)
     except Rejected as exc:
         return UpstreamModel([], ran=False, rejected=_one_line(str(exc)))
+    notes = list(upstream.notes)
     if not run:
-        return UpstreamModel(module_facts(chunks, None, {}), ran=False)
+        return UpstreamModel(module_facts(chunks, None, {}), ran=False, notes=notes)
     probe = standin_te.CallProbe()
     probe.names = {id(module): name for name, module in linear_modules(chunks)}
     try:
@@ -420,5 +462,5 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
     except standin_te.NotOnCPU as exc:
         # A feature of this config runs a CUDA kernel: compare what was built.
         return UpstreamModel(module_facts(chunks, None, {}), ran=False,
-                             notes=[f"the training run needs {exc}; compared as built"])
-    return UpstreamModel(module_facts(chunks, probe, decisions), ran=True)
+                             notes=notes + [f"the training run needs {exc}; compared as built"])
+    return UpstreamModel(module_facts(chunks, probe, decisions), ran=True, notes=notes)

@@ -52,6 +52,8 @@ class UpstreamInput:
     # The flag route: the recipe upstream already loaded, and its config class.
     prebuilt_recipe: Any = None
     config_class: type | None = None
+    # A MODEL_ARGS file's ENV_VARS: the runner's environment during the build and run.
+    environment: dict[str, str] = field(default_factory=dict)
     # Megatron-FSDP with optim_grads sharding sets overwrite_main_grad on every parameter;
     # the cross-check's DDP stand-in does the same (qaudit/train.py's buffers).
     overwrite_main_grad: bool = False
@@ -166,7 +168,8 @@ def world_size_for(args: Any) -> int:
     return max(size, experts if experts % model == 0 else model * experts)
 
 
-def from_arguments(config: ModelConfig, argv: list[str]) -> tuple[UpstreamInput, Any]:
+def from_arguments(config: ModelConfig, argv: list[str],
+                   environment: dict[str, str] | None = None) -> tuple[UpstreamInput, Any]:
     """Megatron's `parse_args` -> `validate_args` -> `core_transformer_config_from_args`, as
     pretrain_gpt.py runs them (megatron/training/arguments.py), on the script's own words; then
     the audit's CPU settings. Returns the input and upstream's args (for the spec choice)."""
@@ -175,7 +178,9 @@ def from_arguments(config: ModelConfig, argv: list[str]) -> tuple[UpstreamInput,
     # Upstream prints its settings (validate_args); the report is qaudit's output.
     with contextlib.redirect_stdout(io.StringIO()), _cpu_answers(arguments):
         args = _parse(arguments, argv)  # first for the parallel sizes, ...
-        with _environment(WORLD_SIZE=str(world_size_for(args)), RANK="0"):
+        # A MODEL_ARGS file's ENV_VARS are the runner's environment (validate_args reads some).
+        with _environment(**{**(environment or {}), "WORLD_SIZE": str(world_size_for(args)),
+                             "RANK": "0"}):
             args = _parse(arguments, argv)  # ... then with the world they need
             try:
                 arguments.validate_args(args, {})
@@ -198,6 +203,7 @@ def from_arguments(config: ModelConfig, argv: list[str]) -> tuple[UpstreamInput,
     upstream = UpstreamInput(bool(getattr(upstream_config, "multi_latent_attention", False)),
                              kwargs, model_kwargs, None)
     upstream.prebuilt_recipe = upstream_config.quant_recipe
+    upstream.environment = dict(environment or {})
     upstream.overwrite_main_grad = _fsdp_overwrites(
         getattr(args, "use_megatron_fsdp", False),
         getattr(args, "data_parallel_sharding_strategy", "no_shard"))

@@ -20,7 +20,8 @@ from qaudit.config import ConfigSource, ModelConfig, config_from_mapping
 from qaudit.errors import InputError
 from qaudit.sources.argv import split_argv
 from qaudit.sources.launch_script import launch_script_words, looks_like_launch_script
-from qaudit.sources.model_args import model_args_words, read_model_args_file
+from qaudit.sources.model_args import (model_args_environment, model_args_words,
+                                       read_model_args_file)
 from qaudit.sources.translate import translate
 from qaudit.yamlio import read_text
 
@@ -30,6 +31,7 @@ def load_source_config(path: Path, display: str,
     """The config of a launch script or MODEL_ARGS file; None for any other file (plain
     TransformerConfig YAML, which the caller loads as before)."""
     variables = dict(variables or {})
+    environment: dict[str, str] = {}
     if not os.path.isfile(path):  # False, not OSError, for a name too long (read_text says why)
         return None
     if looks_like_launch_script(path.suffix, _first_line(path)):
@@ -42,11 +44,13 @@ def load_source_config(path: Path, display: str,
         if sections is None:
             return None  # not a MODEL_ARGS file: the plain TransformerConfig YAML route
         words, notes = model_args_words(sections, display, variables)
+        environment = model_args_environment(sections)
     else:
         return None
     result = translate(split_argv(words), display)
     _resolve_recipe(result.mapping, path, display)
-    source = ConfigSource(display, path, result.mapping, notes + result.notes, argv=list(words))
+    source = ConfigSource(display, path, result.mapping, notes + result.notes, argv=list(words),
+                          environment=environment)
     try:
         return config_from_mapping(result.mapping, source)
     except InputError as exc:
