@@ -1,7 +1,6 @@
 """--cross-check: qaudit's model against the installed Megatron's own build and run.
 
-Tests that need Megatron read the unpacked megatron-core wheel from QAUDIT_TEST_MEGATRON_CORE
-(scripts/fetch-megatron DIR makes one). Locally they skip when it is unset; under CI they fail.
+Tests that need Megatron use the `megatron` fixture (tests/megatron_env.py).
 """
 
 from __future__ import annotations
@@ -14,28 +13,13 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_in_process
+from megatron_env import megatron  # noqa: F401 - fixture
 from qaudit.crosscheck.compare import ABSENT, Difference, compare
 from qaudit.crosscheck.facts import ModuleFacts
 from qaudit.upstream.detect import locate_megatron
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
-
-
-@pytest.fixture
-def megatron(monkeypatch) -> Path:
-    """The unpacked megatron-core on sys.path, as a user's install would be."""
-    where = os.environ.get("QAUDIT_TEST_MEGATRON_CORE")
-    if not where:
-        if os.environ.get("CI"):
-            pytest.fail("QAUDIT_TEST_MEGATRON_CORE is not set: CI must unpack megatron-core "
-                        "(scripts/fetch-megatron DIR) for the cross-check tests")
-        pytest.skip("QAUDIT_TEST_MEGATRON_CORE not set (scripts/fetch-megatron DIR)")
-    root = Path(where)
-    if not (root / "megatron" / "core" / "__init__.py").is_file():
-        pytest.fail(f"QAUDIT_TEST_MEGATRON_CORE={where} holds no megatron/core/")
-    monkeypatch.syspath_prepend(str(root))
-    return root
 
 
 def cross_check(monkeypatch, capsys, *args: str) -> tuple[int, dict, str]:

@@ -1,0 +1,26 @@
+"""The installed Megatron for tests: the unpacked megatron-core wheel in
+QAUDIT_TEST_MEGATRON_CORE (scripts/fetch-megatron DIR makes one). Locally the tests that need
+it skip when the variable is unset; under CI (CI set) they fail."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def megatron(monkeypatch) -> Path:
+    """The unpacked megatron-core on sys.path, as a user's install would be."""
+    where = os.environ.get("QAUDIT_TEST_MEGATRON_CORE")
+    if not where:
+        if os.environ.get("CI"):
+            pytest.fail("QAUDIT_TEST_MEGATRON_CORE is not set: CI must unpack megatron-core "
+                        "(scripts/fetch-megatron DIR) for the cross-check tests")
+        pytest.skip("QAUDIT_TEST_MEGATRON_CORE not set (scripts/fetch-megatron DIR)")
+    root = Path(where)
+    if not (root / "megatron" / "core" / "__init__.py").is_file():
+        pytest.fail(f"QAUDIT_TEST_MEGATRON_CORE={where} holds no megatron/core/")
+    monkeypatch.syspath_prepend(str(root))
+    return root
