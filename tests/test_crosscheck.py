@@ -108,6 +108,10 @@ def test_small_gpt_matches_megatron_0_19_as_legacy(megatron, monkeypatch, capsys
     assert result["modules_compared"] == len(report["modules"]) == 17
     assert result["differences"] == []
     assert not [f for f in report["findings"] if f["rule"] == "QA030"]
+    jsonschema = pytest.importorskip("jsonschema")
+    from test_formats import report_schema
+
+    jsonschema.validate(report, report_schema())
 
 
 def test_policy_mismatch_is_a_difference_per_module(megatron, monkeypatch, capsys):
@@ -116,6 +120,10 @@ def test_policy_mismatch_is_a_difference_per_module(megatron, monkeypatch, capsy
     code, report, _ = cross_check(monkeypatch, capsys, "configs/gpt-small-bf16.yaml")
     differences = report["cross_check"]["differences"]
     assert code == 1
+    jsonschema = pytest.importorskip("jsonschema")
+    from test_formats import report_schema
+
+    jsonschema.validate(report, report_schema())
     assert {(d["field"], d["qaudit"], d["megatron"]) for d in differences} == {
         ("tracked", "no", "stale"), ("accumulation", "accumulate", "overwrite-first")}
     assert len(differences) == 2 * 16  # every TE module; the output layer is Megatron's own
