@@ -133,8 +133,10 @@ def qaudit_facts(run: "AuditRun") -> list[ModuleFacts]:
 
 def cross_check(config: "ModelConfig", recipe: "QuantRecipe | None", run: "AuditRun",
                 options: "AuditOptions", location: MegatronLocation) -> CrossCheck:
+    import torch
+
     from qaudit.crosscheck import upstream_build, upstream_config
-    from qaudit.crosscheck.environment import upstream_environment
+    from qaudit.crosscheck.environment import real_te_available, upstream_environment
 
     not_covered: list[str] = []
     version = location.version or "unknown"
@@ -144,8 +146,16 @@ def cross_check(config: "ModelConfig", recipe: "QuantRecipe | None", run: "Audit
     train = not options.evaluation
     if options.evaluation:
         not_covered.append("--eval: upstream's model is compared as built, not run")
+    # With a real TE and a GPU, Megatron builds real TE modules. Only the CPU stand-in records
+    # each call, so that build is compared as built (scripts/gpu-check runs it; docs/cross-check.md).
+    real_te = real_te_available() and torch.cuda.is_available()
+    if real_te and train:
+        train = False
+        not_covered.append("real Transformer Engine: compared as built (calls are recorded by "
+                           "the CPU stand-in only)")
     try:
-        with _quiet_megatron(), upstream_environment(allow_import=options.allow_import):
+        with _quiet_megatron(), upstream_environment(use_real_te=real_te,
+                                                     allow_import=options.allow_import):
             upstream = _upstream_input(config, recipe, not_covered)
             variant = getattr(upstream, "config_kwargs", {}).get("experimental_attention_variant")
             if isinstance(upstream, str):  # upstream's own argument checks refused it

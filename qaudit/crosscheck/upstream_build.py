@@ -290,14 +290,23 @@ def _share_embedding_copies(chunks: list[Chunk]) -> None:
                     param.copy_(source)
 
 
+def te_linear_classes() -> tuple[type, ...]:
+    """TE's linear base classes as Megatron bound them: the stand-in's, or a real TE's."""
+    from megatron.core.extensions import transformer_engine as extension
+
+    pytorch = extension.te.pytorch
+    return tuple(getattr(pytorch, name) for name in ("Linear", "LayerNormLinear",
+                                                     "GroupedLinear") if hasattr(pytorch, name))
+
+
 def linear_modules(chunks: list[Chunk]) -> list[tuple[str, torch.nn.Module]]:
     """(row name, module) of every linear module, chunk by chunk, in upstream's order."""
+    te_classes = te_linear_classes()
     found = []
     for chunk in chunks:
         for name, module in chunk.model.named_modules():
-            if isinstance(module, (standin_te.Linear, standin_te.GroupedLinear)) or (
-                    type(module).__name__ in MCORE_LINEARS
-                    and not isinstance(module, standin_te._Recorded)):
+            if isinstance(module, te_classes) or (
+                    type(module).__name__ in MCORE_LINEARS and not isinstance(module, te_classes)):
                 found.append((chunk.prefix + name, module))
     return found
 
@@ -378,8 +387,9 @@ def module_facts(chunks: list[Chunk], probe: standin_te.CallProbe | None,
             records[record.module].append(record)
     bound = {chunk.prefix + name: key for chunk in chunks for name, key in chunk.bound.items()}
     facts = []
+    te_classes = te_linear_classes()
     for name, module in linear_modules(chunks):
-        te = isinstance(module, standin_te._Recorded)
+        te = isinstance(module, te_classes)
         upstream_class = type(module).__name__
         wrapper = module if te else None
         run: dict[str, Any] = {}
@@ -418,8 +428,9 @@ def observe_mcore_linears(chunks: list[Chunk], probe: standin_te.CallProbe
     handles = []
     owners: dict[int, str] = {}
     decisions: dict[str, list[str]] = defaultdict(list)
+    te_classes = te_linear_classes()
     for name, module in linear_modules(chunks):
-        if isinstance(module, standin_te._Recorded):
+        if isinstance(module, te_classes):
             continue
 
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, name: str = name) -> None:
