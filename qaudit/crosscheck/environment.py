@@ -149,6 +149,11 @@ class _Stream:
 _CURRENT_STREAM = _Stream()
 
 
+def _eager(function: Any = None, **options: Any) -> Any:
+    """torch.compile's signature, compiling nothing: the function runs eagerly."""
+    return function if function is not None else (lambda inner: inner)
+
+
 def _cpu_cuda_answers() -> contextlib.ExitStack:
     """torch.cuda questions Megatron asks while building on CPU, answered for a CPU process."""
     stack = contextlib.ExitStack()
@@ -278,6 +283,11 @@ def upstream_environment(use_real_te: bool = False, allow_import: bool = False) 
             if not use_real_te:
                 stack.enter_context(_cpu_cuda_answers())
             stack.enter_context(_typing_override())
+            if not use_real_te:
+                # Megatron decorates its fused functions with torch.compile at import
+                # (megatron/core/jit.py, jit_fuser), which imports dynamo and inductor
+                # (seconds); on CPU they run eagerly, and the kernel fusions are off anyway.
+                stack.enter_context(_patched(torch, "compile", _eager))
             _check_bound_to(use_real_te)
             stack.enter_context(_cpu_megatron_calls())
             if not allow_import:
