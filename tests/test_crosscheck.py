@@ -215,3 +215,88 @@ def test_every_bundled_config_cross_checks(megatron, monkeypatch, capsys, config
     assert kinds <= KNOWN_OPEN, result["differences"][:5]
     for difference in result["differences"]:
         assert difference["module"].endswith(("linear_q_up_proj", "linear_kv_up_proj"))
+
+
+# --- the stand-in's place, and launch scripts through upstream's own argument parsing -------
+
+LAUNCH_SCRIPT = """\
+#!/bin/bash
+MODEL_ARGS=(
+    --num-layers 4 --hidden-size 512 --num-attention-heads 8
+    --num-experts 4 --moe-grouped-gemm --moe-router-topk 2 --moe-layer-freq 2
+    --swiglu --untie-embeddings-and-output-weights --disable-bias-linear
+    --fp8-format hybrid --fp8-recipe tensorwise
+    --mtp-num-layers 1 --position-embedding-type rope
+)
+torchrun --nproc-per-node 8 pretrain_gpt.py ${MODEL_ARGS[@]} \\
+    --micro-batch-size 1 --global-batch-size 8 --seq-length 1024 \\
+    --max-position-embeddings 1024 --save $CHECKPOINT_DIR %s
+"""
+
+
+def write_script(tmp_path: Path, extra: str = "") -> str:
+    path = tmp_path / "train.sh"
+    path.write_text(LAUNCH_SCRIPT % extra)
+    return str(path)
+
+
+def test_launch_script_goes_through_megatrons_own_parser(megatron, monkeypatch, capsys,
+                                                        tmp_path):
+    """$CHECKPOINT_DIR is unknown: --save is left to upstream's default, as qaudit ignores it."""
+    code, report, _ = cross_check(monkeypatch, capsys, write_script(tmp_path), "--policy",
+                                  "legacy")
+    result = report["cross_check"]
+    assert (result["ran"], result["differences"]) == (True, [])
+    assert result["modules_compared"] == len(report["modules"]) > 0
+    assert any("experts.linear_fc1" in row["name"] for row in report["modules"])
+
+
+def test_a_flag_qaudit_misreads_is_caught(megatron, monkeypatch, capsys, tmp_path):
+    """qaudit's flag translation is checked by upstream's parser: dropping --moe-grouped-gemm
+    on qaudit's side builds sequential experts that Megatron does not build."""
+    import importlib
+
+    translation = importlib.import_module("qaudit.sources.translate")
+    original = translation.Translator.run
+
+    def without_grouped_gemm(self):
+        result = original(self)
+        result.mapping.pop("moe_grouped_gemm", None)
+        return result
+
+    monkeypatch.setattr(translation.Translator, "run", without_grouped_gemm)
+    code, report, _ = cross_check(monkeypatch, capsys, write_script(tmp_path), "--policy",
+                                  "legacy")
+    differences = report["cross_check"]["differences"]
+    assert code == 1
+    assert {"module": "decoder.layers.0.mlp.experts.linear_fc1", "field": "module",
+            "qaudit": "(not built)", "megatron": "TEColumnParallelGroupedLinear"} in differences
+    assert any(d["module"].endswith("local_experts.0.linear_fc1") for d in differences)
+
+
+def test_a_command_line_megatron_refuses_is_a_finding(megatron, monkeypatch, capsys, tmp_path):
+    script = write_script(tmp_path, "--recompute-activations --recompute-method uniform "
+                                    "--recompute-num-layers 1")
+    code, report, _ = cross_check(monkeypatch, capsys, script, "--policy", "legacy")
+    (difference,) = report["cross_check"]["differences"]
+    assert code == 1 and difference["field"] == "build"
+    assert difference["megatron"].startswith("rejects it: validate_args:")
+    assert "recompute" in difference["megatron"]
+
+
+def test_the_stand_in_is_gone_after_the_cross_check(megatron, monkeypatch, capsys):
+    cross_check(monkeypatch, capsys, "configs/gpt-small-bf16.yaml", "--policy", "legacy")
+    assert "transformer_engine" not in sys.modules
+    assert "fused_weight_gradient_mlp_cuda" not in sys.modules
+    import torch
+
+    assert torch.compile.__module__.startswith("torch")
+    assert not torch.distributed.is_initialized()
+
+
+def test_a_real_te_without_cuda_is_never_shadowed(megatron, monkeypatch, capsys):
+    monkeypatch.setattr("qaudit.crosscheck.environment.real_te_available", lambda: True)
+    code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                    "--cross-check")
+    assert code == 3 and not out
+    assert "real Transformer Engine is installed but CUDA is not usable" in err
