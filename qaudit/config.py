@@ -59,6 +59,11 @@ class ModelConfig:
     qk_head_dim: int = 128
     qk_pos_emb_head_dim: int = 64
     v_head_dim: int = 128
+    # Norms on the MLA latents: fused into the up projections (TELayerNormColumnParallelLinear
+    # instead of TEColumnParallelLinear). Standard attention's q/k norms are not linears.
+    qk_layernorm: bool = False
+    # MLA: one fused q/kv down projection (`linear_qkv_down_proj`) with the input norm.
+    mla_down_proj_fusion: bool = False
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
@@ -317,6 +322,8 @@ _CHECKS: dict[str, Check] = {
     "qk_head_dim": _POSITIVE,
     "qk_pos_emb_head_dim": _POSITIVE,
     "v_head_dim": _POSITIVE,
+    "qk_layernorm": _bool,
+    "mla_down_proj_fusion": _bool,
     "recompute_granularity": _choice("full", "selective", nullable=True),
     "recompute_method": _choice("uniform", "block", nullable=True),
     "recompute_num_layers": _optional(_POSITIVE),
@@ -453,6 +460,13 @@ def _validate(config: ModelConfig) -> None:
              f"given, num_layers is {config.num_layers}")
     if config.is_moe and config.moe_router_topk > config.num_moe_experts:
         fail("moe_router_topk", f"cannot exceed num_moe_experts ({config.num_moe_experts})")
+    if config.mla_down_proj_fusion:
+        if not config.multi_latent_attention:
+            fail("mla_down_proj_fusion", "needs multi_latent_attention: true (Megatron asserts "
+                 "'--mla-down-proj-fusion requires --multi-latent-attention')")
+        if config.q_lora_rank is None:
+            fail("mla_down_proj_fusion", "needs q_lora_rank (Megatron's FusedMLASelfAttention "
+                 "asserts it: the fused projection holds the query's down projection)")
     if config.mtp_use_repeated_layer and not config.mtp_depths:
         fail("mtp_use_repeated_layer", "needs mtp_num_layers >= 1")
     if config.recompute_granularity == "full" and config.recompute_method is None:

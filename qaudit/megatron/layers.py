@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from qaudit.config import ModelConfig
 from qaudit.megatron import wrappers as w
 from qaudit.megatron.dims import Dims
+from qaudit.megatron.mla import FusedMLASelfAttention, MLASelfAttention
 from qaudit.megatron.recompute import checkpointed
 from qaudit.megatron.session import Session
 
@@ -41,6 +42,19 @@ class Builder:
         inner = self.session.runtime.grouped_linear(n_gemms, n_in, n_out, fuse=self.fuse)
         return cls(inner, self.config, self.session)
 
+    # Roles of the attention projections (MLA picks its classes through these).
+    def down_projection(self, n_in: int, n_out: int) -> w.AuditedModule:
+        """MLA's q/kv down projections: not tensor-parallel (TELinear, 'duplicated')."""
+        return self.linear(w.TELinear, n_in, n_out)
+
+    def up_projection(self, n_in: int, n_out: int, norm: bool) -> w.AuditedModule:
+        """A column-parallel projection, with its input norm fused in when `norm`."""
+        return self.layernorm_linear(n_in, n_out) if norm else \
+            self.linear(w.TEColumnParallelLinear, n_in, n_out)
+
+    def row(self, n_in: int, n_out: int) -> w.AuditedModule:
+        return self.linear(w.TERowParallelLinear, n_in, n_out)
+
 
 class SelfAttention(torch.nn.Module):
     def __init__(self, b: Builder, causal: bool = True) -> None:
@@ -67,41 +81,6 @@ class SelfAttention(torch.nn.Module):
         ctx = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         ctx = ctx.permute(2, 0, 1, 3).reshape(s, batch, d.heads * d.kv_channels)
         return self.linear_proj(ctx)
-
-
-class MLASelfAttention(torch.nn.Module):
-    """Multi-latent attention (DeepSeek-V3) with Megatron's TE module names."""
-
-    def __init__(self, b: Builder) -> None:
-        super().__init__()
-        d = b.dims
-        self.dims = d
-        q_width = d.heads * (d.qk_head_dim + d.qk_pos_emb_head_dim)
-        # The separate input norm: MLA's first projections are not fused with a LayerNorm.
-        self.input_layernorm = torch.nn.LayerNorm(d.hidden)
-        if d.q_lora_rank:
-            self.linear_q_down_proj = b.linear(w.TELinear, d.hidden, d.q_lora_rank)
-            self.linear_q_up_proj = b.layernorm_linear(d.q_lora_rank, q_width)
-        else:
-            self.linear_q_proj = b.linear(w.TEColumnParallelLinear, d.hidden, q_width)
-        self.linear_kv_down_proj = b.linear(w.TELinear, d.hidden, d.kv_lora_rank + d.qk_pos_emb_head_dim)
-        self.linear_kv_up_proj = b.layernorm_linear(d.kv_lora_rank, d.heads * (d.qk_head_dim + d.v_head_dim))
-        self.linear_proj = b.linear(w.TERowParallelLinear, d.heads * d.v_head_dim, d.hidden)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        d = self.dims
-        s, batch, _ = h.shape
-        x = self.input_layernorm(h)
-        q = (self.linear_q_up_proj(self.linear_q_down_proj(x)) if d.q_lora_rank
-             else self.linear_q_proj(x))
-        q = q.reshape(s, batch, d.heads, d.qk_head_dim + d.qk_pos_emb_head_dim)
-        latent, k_pos = self.linear_kv_down_proj(x).split([d.kv_lora_rank, d.qk_pos_emb_head_dim], -1)
-        kv = self.linear_kv_up_proj(latent).reshape(s, batch, d.heads, d.qk_head_dim + d.v_head_dim)
-        k_nope, v = kv.split([d.qk_head_dim, d.v_head_dim], dim=-1)
-        k = torch.cat([k_nope, k_pos.unsqueeze(2).expand(s, batch, d.heads, d.qk_pos_emb_head_dim)], -1)
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
-        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.linear_proj(ctx.permute(2, 0, 1, 3).reshape(s, batch, d.heads * d.v_head_dim))
 
 
 class MLP(torch.nn.Module):
@@ -193,12 +172,18 @@ class MoELayer(torch.nn.Module):
         return out.reshape(shape)
 
 
+def _attention(b: Builder) -> torch.nn.Module:
+    if not b.config.multi_latent_attention:
+        return SelfAttention(b)
+    return FusedMLASelfAttention(b) if b.config.mla_down_proj_fusion else MLASelfAttention(b)
+
+
 class TransformerLayer(torch.nn.Module):
     def __init__(self, b: Builder, moe: bool) -> None:
         super().__init__()
         self.runtime = b.session.runtime
         self.recompute_mlp = b.config.selective_recompute("moe" if moe else "mlp")
-        self.self_attention = MLASelfAttention(b) if b.config.multi_latent_attention else SelfAttention(b)
+        self.self_attention = _attention(b)
         if moe:
             # MoE layers keep a separate pre-MLP norm; dense ones fuse it into linear_fc1.
             self.pre_mlp_layernorm = torch.nn.LayerNorm(b.dims.hidden)

@@ -116,6 +116,8 @@ _MODELLED: dict[str, Modelled] = {
     "--qk-head-dim": Modelled("qk_head_dim", to_int),
     "--qk-pos-emb-head-dim": Modelled("qk_pos_emb_head_dim", to_int),
     "--v-head-dim": Modelled("v_head_dim", to_int),
+    "--qk-layernorm": Modelled("qk_layernorm"),
+    "--mla-down-proj-fusion": Modelled("mla_down_proj_fusion"),
     "--use-megatron-fsdp": Modelled("use_megatron_fsdp"),
     # Hybrid (Mamba) models: translate derives num_layers, MTP depths and virtual pipelining
     # from the pattern and handles --hybrid-override-pattern / --mtp-hybrid-override-pattern.
@@ -201,8 +203,7 @@ UNMODELLED: dict[str, Unmodelled] = {
     "--microbatch-group-size-per-virtual-pipeline-stage": Unmodelled(
         "the interleaved schedule's microbatch grouping is not modelled"),
     "--mtp-standalone": Unmodelled("MTP placed in its own pipeline stage is not modelled"),
-    # Multi-latent attention: modelled when qaudit.config models it (see note_for); the fused
-    # down-projection (linear_qkv_down_proj) is not.
+    # Multi-latent attention: modelled when qaudit.config models it (see note_for).
     "--multi-latent-attention": Unmodelled(_MLA, unless_modelled=_MLA_FIELD),
     "--q-lora-rank": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
     "--kv-lora-rank": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
@@ -210,7 +211,8 @@ UNMODELLED: dict[str, Unmodelled] = {
     "--qk-pos-emb-head-dim": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
     "--v-head-dim": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
     "--mla-down-proj-fusion": Unmodelled("the fused MLA down-projection (linear_qkv_down_proj) "
-                                         "is not modelled", requires=_MLA_FLAG),
+                                         "is not modelled", requires=_MLA_FLAG,
+                                         unless_modelled="mla_down_proj_fusion"),
     "--experimental-attention-variant": Unmodelled(
         "experimental attention variants (gated delta net, DSA) build other attention modules; "
         "not modelled"),
