@@ -75,6 +75,9 @@ class ModelConfig:
     num_layers_in_last_pipeline_stage: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    # An explicit layout ("Et*3|(tt|)*6tmL" or the list form): per model chunk, which layers
+    # it holds; sets the virtual pipeline size (qaudit/megatron/pp_layout.py).
+    pipeline_model_parallel_layout: str | list | None = None
     # Megatron-FSDP (DDP config, not TransformerConfig): optim_grads* sharding sets
     # overwrite_main_grad on the weights (semantics.md §1.3).
     use_megatron_fsdp: bool = False
@@ -276,6 +279,15 @@ def _pattern(key: str, value: Any) -> Any:
     return value
 
 
+def _layout(key: str, value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(row, list) for row in value):
+        return [list(row) for row in value]
+    raise ValueError(f"expected a layout string such as 'Et*3|(tt|)*6tmL' or a list of lists "
+                     f"of layer types, got {type_name(value)} {short_repr(value)}")
+
+
 def _layer_freq(key: str, value: Any) -> Any:
     if isinstance(value, list):
         for item in value:
@@ -335,6 +347,7 @@ _CHECKS: dict[str, Check] = {
     "num_layers_in_last_pipeline_stage": _optional(_int(0)),
     "account_for_embedding_in_pipeline_split": _bool,
     "account_for_loss_in_pipeline_split": _bool,
+    "pipeline_model_parallel_layout": _layout,
     "use_megatron_fsdp": _bool,
     "data_parallel_sharding_strategy": _choice("no_shard", "optim", "optim_grads",
                                                "optim_grads_params"),
@@ -477,12 +490,46 @@ def _validate(config: ModelConfig) -> None:
     if config.quant_recipe is not None and config.use_kitchen:
         fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
              "recipe together with --te-precision-config-file)")
+    _apply_layout(config, fail)
     hybrid.validate(config, fail)
     t5.validate(config, fail)
     _check_build_size(config, fail)
     from qaudit.megatron.pipeline import pipeline_layout
 
     pipeline_layout(config)  # raises InputError on a split Megatron would reject
+
+
+def _apply_layout(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """TransformerConfig's checks of an explicit layout; it sets the virtual pipeline size."""
+    from qaudit.megatron.pp_layout import LayoutError, read_layout
+
+    key = "pipeline_model_parallel_layout"
+    if config.pipeline_model_parallel_layout is None:
+        return
+    for other in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+        if getattr(config, other) is not None:
+            fail(other, f"cannot be set with {key} (TransformerConfig raises ValueError)")
+    for other in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if getattr(config, other):
+            fail(other, f"cannot be set with {key} (TransformerConfig raises ValueError)")
+    if config.is_hybrid or config.is_t5:
+        fail(key, "is not modelled for hybrid or T5 models (Megatron's argument checks reject "
+             "it with a hybrid pattern; layouts do not hold encoder layers)")
+    try:
+        layout = read_layout(config.pipeline_model_parallel_layout,
+                             config.pipeline_model_parallel_size, config.num_layers,
+                             config.mtp_depths)
+    except LayoutError as exc:
+        fail(key, str(exc))
+    vpp = config.virtual_pipeline_model_parallel_size
+    if vpp is not None and vpp != layout.virtual:
+        fail("virtual_pipeline_model_parallel_size", f"contradicts {key}: its {len(layout.chunks)} "
+             f"model chunks over {layout.stages} stages make {layout.virtual} per stage "
+             "(TransformerConfig asserts they match)")
+    if layout.virtual > 1 and config.pipeline_model_parallel_size == 1:
+        fail(key, f"makes {layout.virtual} model chunks on one pipeline stage: Megatron's "
+             "interleaved schedule asserts pipeline_model_parallel_size > 1")
+    config.virtual_pipeline_model_parallel_size = layout.virtual if layout.virtual > 1 else None
 
 
 # What one audit may build: every layer and every expert is a real module (only widths

@@ -134,3 +134,147 @@ def test_cli_json_shows_the_fused_projection(write, monkeypatch, capsys):
     modules = {m["name"]: m["type"] for m in json.loads(out)["modules"]}
     assert modules[ATTN + "linear_qkv_down_proj"] == "TELayerNormColumnParallelLinear"
     assert ATTN + "linear_q_down_proj" not in modules
+
+
+# --- the flag route: Megatron's argument rules ------------------------------------------------
+
+GPT = "--hidden-size 64 --num-attention-heads 4"
+
+
+def script(body: str, entry: str = "pretrain_gpt.py") -> str:
+    return f"#!/bin/bash\ntorchrun {entry} {GPT} \\\n  {body}\n"
+
+
+def test_quick_geglu_is_gated_but_keeps_the_4h_width(write):
+    # validate_args gives the 2/3 x 4h default to --swiglu only.
+    geglu = load_inputs(write("g.sh", script("--num-layers 2 --quick-geglu")))[0]
+    swiglu = load_inputs(write("s.sh", script("--num-layers 2 --swiglu")))[0]
+    assert geglu.gated_linear_unit and geglu.ffn_hidden_size == 4 * 64
+    assert swiglu.gated_linear_unit and swiglu.ffn_hidden_size == int(4 * 64 * 2 / 3 / 64) * 64
+
+
+def test_quick_geglu_with_swiglu_is_refused(write):
+    with pytest.raises(InputError, match=r"key '--quick-geglu': cannot be combined with --swiglu"):
+        load_inputs(write("g.sh", script("--num-layers 2 --swiglu --quick-geglu")))
+
+
+@pytest.mark.parametrize("selective", ["--recompute-activations",
+                                       "--recompute-granularity selective"])
+def test_selective_recompute_with_a_method_is_refused_as_validate_args_does(write, selective):
+    text = script(f"--num-layers 2 {selective} \\\n  --recompute-method uniform")
+    with pytest.raises(InputError, match=r"t.sh:4: key '--recompute-method': cannot be used here"
+                                         r".*not yet supported for selective"):
+        load_inputs(write("t.sh", text))
+
+
+def test_recompute_activations_alone_is_selective(write):
+    config = load_inputs(write("t.sh", script("--num-layers 2 --recompute-activations")))[0]
+    assert config.recompute_granularity == "selective" and config.recompute_method is None
+
+
+def test_encoder_num_layers_in_pretrain_gpt_is_a_gpt_layer_count(write):
+    config = load_inputs(write("t.sh", script("--encoder-num-layers 3")))[0]
+    assert not config.is_t5 and config.num_layers == 3
+    assert config.source.notes == []
+    noted = load_inputs(write("u.sh", script("--encoder-num-layers 3 --decoder-num-layers 5")))[0]
+    assert [n.message for n in noted.source.notes] == [
+        "--decoder-num-layers 5: pretrain_gpt.py builds a GPT model and never reads it; the "
+        "model has 3 layers"]
+    t5 = load_inputs(write("v.sh", script("--encoder-num-layers 3", "pretrain_t5.py")))[0]
+    assert t5.is_t5 and t5.encoder_num_layers == 3
+
+
+def test_encoder_and_num_layers_in_pretrain_gpt_is_refused(write):
+    with pytest.raises(InputError, match=r"key '--encoder-num-layers': cannot be given together"):
+        load_inputs(write("t.sh", script("--num-layers 2 --encoder-num-layers 2")))
+
+
+def test_cli_gpt_script_with_encoder_layers_has_no_t5_modules(write, monkeypatch, capsys):
+    path = write("t.sh", script("--encoder-num-layers 2"))
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", path, "--format", "json",
+                                  "--steps", "1", cwd=None)
+    names = [m["name"] for m in json.loads(out)["modules"]]
+    assert code == 0 and names[-1] == "output_layer"
+    assert not any(n.startswith("encoder.") or "cross_attention" in n for n in names)
+
+
+# --- explicit pipeline layouts -----------------------------------------------------------------
+
+def chunk_layers(report) -> dict[str, int]:
+    """Row prefix (stageS.chunkC) -> decoder layers it holds."""
+    layers: dict[str, set[str]] = {}
+    for row in report.modules:
+        prefix, _, name = row.name.partition("/")
+        layers.setdefault(prefix, set())
+        if name.startswith("decoder.layers."):
+            layers[prefix].add(name.split(".")[2])
+    return {prefix: len(found) for prefix, found in layers.items()}
+
+
+def test_layout_flag_sets_stages_chunks_and_the_per_chunk_split(write):
+    # validate_args: 8 chunks over PP 2 -> VPP 4; chunk c * PP + s is chunk c of stage s.
+    text = script("--num-layers 16 --mtp-num-layers 1 --pipeline-model-parallel-size 2 \\\n"
+                  "  --pipeline-model-parallel-layout 'Et*3|(tt|)*6tmL'")
+    config, recipe = load_inputs(write("t.sh", text))
+    assert (config.pipeline_model_parallel_size, config.virtual_pipeline_model_parallel_size) == (2, 4)
+    report = audit_files(write("u.sh", text), None, FAST)
+    assert chunk_layers(report) == {"stage0.chunk0": 3, "stage1.chunk0": 2, "stage0.chunk1": 2,
+                                    "stage1.chunk1": 2, "stage0.chunk2": 2, "stage1.chunk2": 2,
+                                    "stage0.chunk3": 2, "stage1.chunk3": 1}
+    names = {row.name for row in report.modules}
+    assert "stage1.chunk3/mtp.layers.0.eh_proj" in names
+    assert "stage1.chunk3/output_layer" in names
+    assert config.source.notes == []  # no QA090: the layout is modelled
+
+
+def test_layout_yaml_string_and_list_give_the_same_rows(write):
+    base = "num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\npipeline_model_parallel_size: 2\n"
+    as_string = base + "pipeline_model_parallel_layout: 'Et|ttt||L'\n"
+    as_list = base + ("pipeline_model_parallel_layout:\n  - [embedding, decoder]\n"
+                      "  - [decoder, decoder, decoder]\n  - []\n  - [loss]\n")
+    rows = [json.dumps(audit_files(write(name, text), None, FAST).to_dict()["modules"],
+                       sort_keys=True) for name, text in (("a.yaml", as_string), ("b.yaml", as_list))]
+    assert rows[0] == rows[1]
+    assert '"stage1.chunk0/decoder.layers.2.' in rows[0] and '"stage1.chunk1/output_layer"' in rows[0]
+
+
+@pytest.mark.parametrize("layout, extra, message", [
+    ("Ett|tL", "", r"holds 3 decoder layers \(t\), num_layers is 4"),
+    ("tt|ttL", "", r"must begin with the embedding"),
+    ("Ett|ttL|", "", r"3 model chunks do not split over pipeline_model_parallel_size=2"),
+    ("Ett|tt|m|L", "mtp_num_layers: 1\n", r"places the MTP layers on stage 0, not the last"),
+    ("Ett|mttL", "mtp_num_layers: 1\n", r"places a decoder layer after an MTP layer"),
+    ("Ett|ttL", "num_layers_in_first_pipeline_stage: 2\n",
+     r"key 'num_layers_in_first_pipeline_stage': cannot be set with pipeline_model_parallel_layout"),
+    ("Ett|ttL", "virtual_pipeline_model_parallel_size: 2\n",
+     r"key 'virtual_pipeline_model_parallel_size': contradicts"),
+    ("Ex|ttL", "", r"invalid layer character 'x'"),
+    ("E(t)*99999999L", "", r"expands to more than"),
+])
+def test_layouts_megatron_rejects_are_refused(write, layout, extra, message):
+    text = (f"num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\n"
+            f"pipeline_model_parallel_size: 2\npipeline_model_parallel_layout: '{layout}'\n{extra}")
+    with pytest.raises(InputError, match=message):
+        load_inputs(write("a.yaml", text))
+
+
+def test_layout_on_one_stage_with_several_chunks_is_refused(write):
+    text = ("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+            "pipeline_model_parallel_layout: 'Et|tL'\n")
+    with pytest.raises(InputError, match=r"interleaved schedule asserts pipeline_model_parallel_size > 1"):
+        load_inputs(write("a.yaml", text))
+
+
+def test_layout_with_another_virtual_pipeline_flag_is_refused(write):
+    text = script("--num-layers 4 --pipeline-model-parallel-size 2 \\\n"
+                  "  --num-virtual-stages-per-pipeline-rank 2 --pipeline-model-parallel-layout 'Et|t|t|tL'")
+    with pytest.raises(InputError, match=r"t.sh:4: key '--[a-z-]+': no more than one of"):
+        load_inputs(write("t.sh", text))
+
+
+def test_layout_with_uneven_stage_flags_names_the_flag(write):
+    text = script("--num-layers 4 --pipeline-model-parallel-size 2 \\\n"
+                  "  --decoder-first-pipeline-num-layers 1 --pipeline-model-parallel-layout 'Et|tttL'")
+    with pytest.raises(InputError, match=r"key '--decoder-first-pipeline-num-layers': cannot be "
+                                         r"set with pipeline_model_parallel_layout"):
+        load_inputs(write("t.sh", text))

@@ -109,6 +109,8 @@ _MODELLED: dict[str, Modelled] = {
     "--decoder-last-pipeline-num-layers": Modelled("num_layers_in_last_pipeline_stage", to_int),
     "--account-for-embedding-in-pipeline-split": Modelled("account_for_embedding_in_pipeline_split"),
     "--account-for-loss-in-pipeline-split": Modelled("account_for_loss_in_pipeline_split"),
+    # validate_args derives the virtual pipeline size from it (config does, as TransformerConfig).
+    "--pipeline-model-parallel-layout": Modelled("pipeline_model_parallel_layout", to_str),
     # Multi-latent attention (translate fills the CLI defaults of the two ranks).
     "--multi-latent-attention": Modelled("multi_latent_attention"),
     "--q-lora-rank": Modelled("q_lora_rank", to_int),
@@ -199,7 +201,8 @@ UNMODELLED: dict[str, Unmodelled] = {
     "--account-for-loss-in-pipeline-split": Unmodelled(
         _PIPELINE, unless_modelled="account_for_loss_in_pipeline_split"),
     "--pipeline-model-parallel-layout": Unmodelled(
-        "explicit pipeline layouts are not modelled: the audit runs without pipelining"),
+        "explicit pipeline layouts are not modelled: the audit runs without pipelining",
+        unless_modelled="pipeline_model_parallel_layout"),
     "--microbatch-group-size-per-virtual-pipeline-stage": Unmodelled(
         "the interleaved schedule's microbatch grouping is not modelled"),
     "--mtp-standalone": Unmodelled("MTP placed in its own pipeline stage is not modelled"),
