@@ -97,6 +97,11 @@ class ModelConfig:
     # `encoder_config.num_layers`). Set, it makes the model a T5Model whose decoder has
     # `num_layers` layers. See qaudit/t5.py.
     encoder_num_layers: int | None = None
+    # Which layer spec builds the model (qaudit's own key, not a TransformerConfig field):
+    # "te", Megatron's TE spec, or "modelopt", the spec of Megatron's ModelOpt builder
+    # (Megatron's own linears). The flag route sets it from the entry point
+    # (qaudit/sources/modelopt_flags.py).
+    layer_spec: str = "te"
     # Where each key was written; not a model field.
     source: "ConfigSource" = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -360,6 +365,7 @@ _CHECKS: dict[str, Check] = {
     "mamba_num_groups": _POSITIVE,
     "mamba_num_heads": _optional(_POSITIVE),
     "encoder_num_layers": _optional(_POSITIVE),
+    "layer_spec": _choice("te", "modelopt"),
 }
 MODELLED_FIELDS = frozenset(f.name for f in fields(ModelConfig) if f.name != "source")
 assert MODELLED_FIELDS == frozenset(_CHECKS), "every modelled field needs a check"
@@ -491,6 +497,7 @@ def _validate(config: ModelConfig) -> None:
         fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
              "recipe together with --te-precision-config-file)")
     _apply_layout(config, fail)
+    _check_modelopt_spec(config, fail)
     hybrid.validate(config, fail)
     t5.validate(config, fail)
     _check_build_size(config, fail)
@@ -530,6 +537,26 @@ def _apply_layout(config: ModelConfig, fail: Callable[[str, str], None]) -> None
         fail(key, f"makes {layout.virtual} model chunks on one pipeline stage: Megatron's "
              "interleaved schedule asserts pipeline_model_parallel_size > 1")
     config.virtual_pipeline_model_parallel_size = layout.virtual if layout.virtual > 1 else None
+
+
+def _check_modelopt_spec(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """What Megatron raises when it builds the modelopt spec (docs/upstream-model.md)."""
+    if config.layer_spec != "modelopt":
+        return
+    if config.is_t5:
+        fail("layer_spec", "the modelopt spec builds GPT and hybrid models only (ModelOpt's "
+             "builder raises for other model types)")
+    if config.multi_latent_attention and not config.is_hybrid:
+        # The spec sets q_layernorm/kv_layernorm modules on MLA; mla_qk_norm_config.py
+        # rejects them unless qk_layernorm is on and a q_lora_rank consumes the q norm.
+        if not config.qk_layernorm:
+            fail("multi_latent_attention", "the modelopt spec gives MLA explicit q/kv norms, "
+                 "which Megatron rejects without qk_layernorm (ValueError: 'qk_layernorm/"
+                 "qk_l2_norm are supposed to be disabled')")
+        if config.q_lora_rank is None:
+            fail("multi_latent_attention", "the modelopt spec gives MLA an explicit q norm, "
+                 "which Megatron rejects without q_lora_rank (ValueError: the q norm 'will not "
+                 "be used')")
 
 
 # What one audit may build: every layer and every expert is a real module (only widths

@@ -48,7 +48,9 @@ ACCEPTED_REFUSALS = re.compile(
     r"|is not modelled yet"  # e.g. virtual pipelining with uneven stages
     # Configs Megatron itself rejects, e.g. examples/gpt_oss sets PP to the GPU count (8) for
     # 12 layers: fixed with --set GPUS_PER_NODE=4.
-    r"|do not split evenly over pipeline_model_parallel_size")
+    r"|do not split evenly over pipeline_model_parallel_size"
+    # DeepSeek-V2-Lite's ModelOpt argument file: the modelopt spec's q norm without q_lora_rank.
+    r"|which Megatron rejects without q_lora_rank")
 
 RESULTS: dict[str, tuple[int, str, float]] = {}  # name -> exit code (-1: not run), message, s
 
@@ -92,12 +94,14 @@ def _write_summary(reporter, elapsed: float) -> None:
 
 
 def te_modules(config) -> int:
-    """About how many TE modules the audit builds (sequential experts dominate; the hybrid
-    spec always groups its experts; a T5 encoder adds its layers)."""
+    """About how many modules the audit builds (sequential experts dominate; the hybrid TE
+    spec always groups its experts, the modelopt spec never does; a T5 encoder adds its
+    layers)."""
     mtp_layers = config.mtp_moe_layers() if config.mtp_depths else []
     layers = config.num_layers + (config.encoder_num_layers or 0) + config.mtp_depths * len(mtp_layers)
     moe_layers = sum(config.moe_layer_pattern()) + config.mtp_depths * sum(mtp_layers)
-    per_expert = 0 if config.moe_grouped_gemm or config.is_hybrid else 2
+    grouped = config.layer_spec == "te" and (config.moe_grouped_gemm or config.is_hybrid)
+    per_expert = 0 if grouped else 2
     return 4 * layers + moe_layers * (config.num_moe_experts or 0) * per_expert
 
 

@@ -278,3 +278,131 @@ def test_layout_with_uneven_stage_flags_names_the_flag(write):
     with pytest.raises(InputError, match=r"key '--decoder-first-pipeline-num-layers': cannot be "
                                          r"set with pipeline_model_parallel_layout"):
         load_inputs(write("t.sh", text))
+
+
+# --- the modelopt spec --------------------------------------------------------------------------
+
+MOE_MTP = ("--num-layers 2 --num-experts 4 --moe-layer-freq ([0]*1+[1]*1) --moe-grouped-gemm \\\n"
+           "  --moe-shared-expert-intermediate-size 32 --mtp-num-layers 1 --swiglu")
+
+
+def modelopt_conf(write, body: str, name: str = "Some-Model.sh") -> str:
+    """An argument file where ModelOpt's examples keep them (conf/<org>/<model>.sh)."""
+    return write(f"examples/post_training/modelopt/conf/org/{name}",
+                 f"#!/bin/bash\nMODEL_ARGS=\" \\\n    {GPT} \\\n    {body} \\\n\"\n")
+
+
+def test_modelopt_argument_file_builds_megatron_linears_and_te_mtp(write):
+    report = audit_files(modelopt_conf(write, MOE_MTP), None, FAST)
+    types = {row.name: row.type for row in report.modules}
+    layer = "decoder.layers.{}."
+    assert types[layer.format(0) + "self_attention.linear_qkv"] == "ColumnParallelLinear"
+    assert types[layer.format(0) + "self_attention.linear_proj"] == "RowParallelLinear"
+    assert types[layer.format(0) + "mlp.linear_fc1"] == "ColumnParallelLinear"
+    # MoE: SequentialMLP of Megatron's linears, whatever --moe-grouped-gemm says.
+    assert types[layer.format(1) + "mlp.experts.local_experts.3.linear_fc2"] == "RowParallelLinear"
+    assert types[layer.format(1) + "mlp.shared_experts.linear_fc1"] == "ColumnParallelLinear"
+    assert not any(".experts.linear_fc1" in name for name in types if name.startswith("decoder."))
+    # The MTP block comes from the TE decoder specs (model_builder.py).
+    assert types["mtp.layers.0.eh_proj"] == "TEColumnParallelLinear"
+    assert types["mtp.layers.0.mtp_model_layer.mlp.experts.linear_fc1"] == \
+        "TEColumnParallelGroupedLinear"
+    rows = {row.name: row for row in report.modules}
+    assert rows[layer.format(0) + "mlp.linear_fc1"].tracked == "-"  # not a TE module
+
+
+def test_modelopt_linears_run_in_bf16_under_fp8_and_are_never_bound(write):
+    recipe = write("r.yaml", """
+        configs:
+          mx: {transformer_engine_config_type: TEQuantizationParams,
+               training_recipe: {fp8_quantization_recipe: tensorwise}}
+        matchers:
+          all: {type: glob, pattern: "*", config: mx, enabled: true}
+        """)
+    path = modelopt_conf(write, "--num-layers 2 --fp8-format e4m3 --fp8-recipe tensorwise")
+    report = audit_files(path, recipe, FAST)
+    decoder = [r for r in report.modules if r.name.startswith("decoder.")]
+    assert decoder and {(r.precision, r.recipe, r.tracked) for r in decoder} == {("bf16", "-", "-")}
+    notes = [f.message for f in report.findings if f.rule == "QA090"]
+    assert any("the modelopt spec builds Megatron's own linears" in n for n in notes)
+
+
+def test_modelopt_mla_uses_modelopt_linear_for_down_projections(write):
+    mla = ("--num-layers 1 --multi-latent-attention --q-lora-rank 32 --kv-lora-rank 16 "
+           "--qk-layernorm")
+    report = audit_files(modelopt_conf(write, mla), None, FAST)
+    assert types_of(report, ATTN) == {
+        "linear_q_down_proj": "Linear", "linear_q_up_proj": "ColumnParallelLinear",
+        "linear_kv_down_proj": "Linear", "linear_kv_up_proj": "ColumnParallelLinear",
+        "linear_proj": "RowParallelLinear"}
+    rows = {r.name: r for r in report.modules}
+    assert rows[ATTN + "linear_q_down_proj"].accumulation == "autograd"  # a torch.nn.Linear
+
+
+@pytest.mark.parametrize("mla, message", [
+    ("--multi-latent-attention --q-lora-rank 32", r"rejects without qk_layernorm"),
+    ("--multi-latent-attention --qk-layernorm", r"rejects without q_lora_rank"),
+])
+def test_modelopt_mla_without_what_its_norms_need_is_refused(write, mla, message):
+    with pytest.raises(InputError, match=r"key '--multi-latent-attention': the modelopt spec .*"
+                                         + message):
+        load_inputs(modelopt_conf(write, f"--num-layers 1 {mla}"))
+
+
+def test_export_default_te_spec_builds_the_te_spec_with_every_layer_moe(write):
+    path = modelopt_conf(write, MOE_MTP.replace("--moe-grouped-gemm", "")
+                         + " --export-default-te-spec")
+    report = audit_files(path, None, FAST)
+    types = {row.name: row.type for row in report.modules}
+    # One TE layer spec for all layers (grouped experts: not prune.py), layer 0 MoE too.
+    assert types["decoder.layers.0.mlp.experts.linear_fc1"] == "TEColumnParallelGroupedLinear"
+    assert types["decoder.layers.0.self_attention.linear_qkv"] == "TELayerNormColumnParallelLinear"
+
+
+def test_distillation_turns_the_modelopt_builder_on_in_pretrain_gpt(write):
+    text = script("--num-layers 2 --export-kd-teacher-load /ckpt/teacher --export-te-mcore-model")
+    config = load_inputs(write("t.sh", text))[0]
+    assert config.layer_spec == "modelopt"
+    assert [n.message for n in config.source.notes] == [
+        "--export-kd-teacher-load: the distillation teacher is a second model; only the student "
+        "is audited"]
+    plain = load_inputs(write("u.sh", script("--num-layers 2")))[0]
+    assert plain.layer_spec == "te" and plain.source.notes == []
+
+
+def test_modelopt_entry_script_path_turns_the_builder_on(write):
+    text = ("#!/bin/bash\ntorchrun examples/post_training/modelopt/quantize.py --num-layers 2 "
+            f"{GPT}\n")
+    assert load_inputs(write("t.sh", text))[0].layer_spec == "modelopt"
+
+
+def test_modelopt_hybrid_builds_megatron_linears_everywhere(write):
+    body = ("--hybrid-layer-pattern M*E/E --mamba-num-heads 16 --mamba-head-dim 16 "
+            "--mamba-num-groups 2 --mamba-state-dim 16 --num-experts 4 --export-model-type HybridModel")
+    report = audit_files(modelopt_conf(write, body), None, FAST)
+    types = {row.name: row.type for row in report.modules}
+    assert types["decoder.layers.0.mixer.in_proj"] == "ColumnParallelLinear"
+    assert types["decoder.layers.2.mlp.experts.local_experts.0.linear_fc1"] == "ColumnParallelLinear"
+    assert types["mtp.layers.0.eh_proj"] == "ColumnParallelLinear"  # the local stack's MTP spec
+    assert {t for t in types.values()} <= {"ColumnParallelLinear", "RowParallelLinear"}
+
+
+def test_modelopt_hybrid_pattern_with_the_gpt_model_type_is_refused(write):
+    body = ("--hybrid-layer-pattern M* --mamba-num-heads 16 --mamba-head-dim 16 "
+            "--mamba-num-groups 2 --mamba-state-dim 16")
+    with pytest.raises(InputError, match=r"key '--export-model-type': ModelOpt's builder builds a "
+                                         r"GPTModel"):
+        load_inputs(modelopt_conf(write, body))
+
+
+def test_modelopt_spec_in_yaml(write):
+    report = audit_files(write("a.yaml", "num_layers: 1\nhidden_size: 64\nnum_attention_heads: 4\n"
+                                         "layer_spec: modelopt\n"), None, FAST)
+    assert {r.type for r in report.modules} == {"ColumnParallelLinear", "RowParallelLinear"}
+
+
+def test_cli_table_shows_mcore_types_for_the_modelopt_spec(write, monkeypatch, capsys):
+    path = modelopt_conf(write, "--num-layers 1")
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", path, "--steps", "1", cwd=None)
+    assert code == 0
+    assert "mcore.Col" in out and "mcore.Row" in out and "te." not in out

@@ -25,11 +25,26 @@ def _activation(x: torch.Tensor, gated: bool) -> torch.Tensor:
 
 
 class Builder:
-    """Makes wrapped runtime modules for one model."""
+    """Makes wrapped runtime modules for one model, with the classes of its layer spec.
 
-    def __init__(self, config: ModelConfig, dims: Dims, session: Session) -> None:
+    `spec` "te" is Megatron's TE spec; "modelopt" is ModelOpt's spec, which builds Megatron's
+    own linears (ColumnParallelLinear, RowParallelLinear, modelopt's `Linear`) with separate
+    norms and sequential experts (docs/upstream-model.md, "The modelopt spec").
+    """
+
+    def __init__(self, config: ModelConfig, dims: Dims, session: Session,
+                 spec: str | None = None) -> None:
         self.config, self.dims, self.session = config, dims, session
         self.fuse = config.gradient_accumulation_fusion
+        self.spec = spec or config.layer_spec
+
+    def with_spec(self, spec: str) -> Builder:
+        """The same model's builder for another spec (GPT's MTP block is always TE's)."""
+        return self if spec == self.spec else Builder(self.config, self.dims, self.session, spec)
+
+    @property
+    def is_te(self) -> bool:
+        return self.spec == "te"
 
     def linear(self, cls: type[w.TEWrapper], n_in: int, n_out: int) -> w.TEWrapper:
         return cls(self.session.runtime.linear(n_in, n_out, fuse=self.fuse), self.config, self.session)
@@ -42,18 +57,37 @@ class Builder:
         inner = self.session.runtime.grouped_linear(n_gemms, n_in, n_out, fuse=self.fuse)
         return cls(inner, self.config, self.session)
 
-    # Roles of the attention projections (MLA picks its classes through these).
-    def down_projection(self, n_in: int, n_out: int) -> w.AuditedModule:
-        """MLA's q/kv down projections: not tensor-parallel (TELinear, 'duplicated')."""
-        return self.linear(w.TELinear, n_in, n_out)
+    def _mcore(self, cls: type[w.ColumnParallelLinear], n_in: int, n_out: int) -> w.AuditedModule:
+        return cls(n_in, n_out, self.config, self.session)
 
-    def up_projection(self, n_in: int, n_out: int, norm: bool) -> w.AuditedModule:
-        """A column-parallel projection, with its input norm fused in when `norm`."""
-        return self.layernorm_linear(n_in, n_out) if norm else \
-            self.linear(w.TEColumnParallelLinear, n_in, n_out)
+    # Roles: each asks for what the spec builds there. Where the TE spec fuses a norm into a
+    # linear, the modelopt spec has a separate norm module, which is not audited and left out.
+    def column(self, n_in: int, n_out: int) -> w.AuditedModule:
+        return self.linear(w.TEColumnParallelLinear, n_in, n_out) if self.is_te \
+            else self._mcore(w.ColumnParallelLinear, n_in, n_out)
+
+    def norm_column(self, n_in: int, n_out: int) -> w.AuditedModule:
+        """A column-parallel linear after a norm (linear_qkv, mlp.linear_fc1, in_proj)."""
+        return self.layernorm_linear(n_in, n_out) if self.is_te \
+            else self._mcore(w.ColumnParallelLinear, n_in, n_out)
 
     def row(self, n_in: int, n_out: int) -> w.AuditedModule:
-        return self.linear(w.TERowParallelLinear, n_in, n_out)
+        return self.linear(w.TERowParallelLinear, n_in, n_out) if self.is_te \
+            else self._mcore(w.RowParallelLinear, n_in, n_out)
+
+    def down_projection(self, n_in: int, n_out: int) -> w.AuditedModule:
+        """MLA's q/kv down projections: not tensor-parallel (TELinear, 'duplicated')."""
+        return self.linear(w.TELinear, n_in, n_out) if self.is_te \
+            else self._mcore(w.ModelOptLinear, n_in, n_out)
+
+    def up_projection(self, n_in: int, n_out: int, norm: bool) -> w.AuditedModule:
+        """A column-parallel projection, with its input norm fused in when `norm` (TE spec)."""
+        return self.norm_column(n_in, n_out) if norm else self.column(n_in, n_out)
+
+    def grouped_experts(self, requested: bool) -> bool:
+        """Whether MoE experts are one grouped module: the modelopt spec always builds
+        SequentialMLP."""
+        return requested and self.is_te
 
 
 class SelfAttention(torch.nn.Module):
@@ -62,8 +96,8 @@ class SelfAttention(torch.nn.Module):
         super().__init__()
         d = b.dims
         self.dims, self.causal = d, causal
-        self.linear_qkv = b.layernorm_linear(d.hidden, d.qkv_out)
-        self.linear_proj = b.linear(w.TERowParallelLinear, d.heads * d.kv_channels, d.hidden)
+        self.linear_qkv = b.norm_column(d.hidden, d.qkv_out)
+        self.linear_proj = b.row(d.heads * d.kv_channels, d.hidden)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         d = self.dims
@@ -90,8 +124,8 @@ class MLP(torch.nn.Module):
         super().__init__()
         self.gated = b.config.gated_linear_unit
         width = hidden_ffn * (2 if self.gated else 1)
-        self.linear_fc1 = b.layernorm_linear(b.dims.hidden, width)
-        self.linear_fc2 = b.linear(w.TERowParallelLinear, hidden_ffn, b.dims.hidden)
+        self.linear_fc1 = b.norm_column(b.dims.hidden, width)
+        self.linear_fc2 = b.row(hidden_ffn, b.dims.hidden)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(_activation(self.linear_fc1(h), self.gated))
@@ -104,8 +138,8 @@ class ExpertMLP(torch.nn.Module):
         super().__init__()
         self.gated = b.config.gated_linear_unit
         width = hidden_ffn * (2 if self.gated else 1)
-        self.linear_fc1 = b.linear(w.TEColumnParallelLinear, b.dims.hidden, width)
-        self.linear_fc2 = b.linear(w.TERowParallelLinear, hidden_ffn, b.dims.hidden)
+        self.linear_fc1 = b.column(b.dims.hidden, width)
+        self.linear_fc2 = b.row(hidden_ffn, b.dims.hidden)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(_activation(self.linear_fc1(h), self.gated))
@@ -147,7 +181,7 @@ class MoELayer(torch.nn.Module):
         self.topk = config.moe_router_topk
         self.num_experts = config.num_moe_experts
         self.router = torch.nn.Linear(b.dims.hidden, self.num_experts, bias=False)  # not TE
-        grouped = config.moe_grouped_gemm if grouped is None else grouped
+        grouped = b.grouped_experts(config.moe_grouped_gemm if grouped is None else grouped)
         self.experts = (GroupedExperts(b, self.num_experts) if grouped
                         else SequentialExperts(b, self.num_experts))
         self.shared_experts = ExpertMLP(b, b.dims.shared_ffn) if b.dims.shared_ffn else None
@@ -175,7 +209,9 @@ class MoELayer(torch.nn.Module):
 def _attention(b: Builder) -> torch.nn.Module:
     if not b.config.multi_latent_attention:
         return SelfAttention(b)
-    return FusedMLASelfAttention(b) if b.config.mla_down_proj_fusion else MLASelfAttention(b)
+    # The modelopt spec never reads mla_down_proj_fusion.
+    fused = b.config.mla_down_proj_fusion and b.is_te
+    return FusedMLASelfAttention(b) if fused else MLASelfAttention(b)
 
 
 class TransformerLayer(torch.nn.Module):

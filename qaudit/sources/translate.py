@@ -16,6 +16,7 @@ from qaudit.sources import megatron_flags as flags
 from qaudit.sources.argv import Argv, Occurrence
 from qaudit.sources.entry import Entry
 from qaudit.sources.hybrid_flags import apply_hybrid
+from qaudit.sources.modelopt_flags import apply_modelopt, known_modelopt_flag, note_modelopt_flags
 from qaudit.sources.t5_flags import apply_t5
 from qaudit.sources.megatron_flags import to_int
 from qaudit.sources.tokens import External
@@ -139,7 +140,8 @@ class Translator:
                 return
             shown = f"{flag} {short_repr(' '.join(texts), 40)[1:-1]}".rstrip()
             self.note(f"{shown}: {note.why}", occurrence.line, flag)
-        elif flag not in UPSTREAM_FLAGS and flag not in self.modelled:
+        elif flag not in UPSTREAM_FLAGS and flag not in self.modelled \
+                and not known_modelopt_flag(flag):
             self.note(f"{flag}: not an option of Megatron-LM's training parser (commit "
                       f"{PARSER_COMMIT[:8]}); the audit ignores it", occurrence.line, flag)
 
@@ -148,6 +150,8 @@ class Translator:
             apply_hybrid(self)
         if "encoder_num_layers" in MODELLED_FIELDS:
             apply_t5(self)
+        apply_modelopt(self)
+        note_modelopt_flags(self)
         gqa = self.last.get("--group-query-attention")
         if gqa is not None and "num_query_groups" in MODELLED_FIELDS:
             self.needed(gqa)
