@@ -546,6 +546,9 @@ def _check_modelopt_spec(config: ModelConfig, fail: Callable[[str, str], None]) 
     if config.is_t5:
         fail("layer_spec", "the modelopt spec builds GPT and hybrid models only (ModelOpt's "
              "builder raises for other model types)")
+    if config.virtual_pipeline_model_parallel_size not in (None, 1):
+        fail("virtual_pipeline_model_parallel_size", "ModelOpt's builder raises 'ModelOpt "
+             "integration does not currently support virtual pipeline parallel'")
     if config.multi_latent_attention and not config.is_hybrid:
         # The spec sets q_layernorm/kv_layernorm modules on MLA; mla_qk_norm_config.py
         # rejects them unless qk_layernorm is on and a q_lora_rank consumes the q norm.

@@ -406,3 +406,13 @@ def test_cli_table_shows_mcore_types_for_the_modelopt_spec(write, monkeypatch, c
     code, out, _ = run_in_process(monkeypatch, capsys, "check", path, "--steps", "1", cwd=None)
     assert code == 0
     assert "mcore.Col" in out and "mcore.Row" in out and "te." not in out
+
+
+@pytest.mark.parametrize("body, key, message", [
+    ("--num-layers 4 --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2",
+     "--num-virtual-stages-per-pipeline-rank", "does not currently support virtual pipeline"),
+    ("--num-layers 2 --spec my.module my_spec", "--spec", "does not support custom args.spec"),
+])
+def test_what_modelopt_builder_raises_is_refused(write, body, key, message):
+    with pytest.raises(InputError, match=rf"key '{key}': ModelOpt's builder raises '.*{message}"):
+        load_inputs(modelopt_conf(write, body))

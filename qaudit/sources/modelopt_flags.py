@@ -76,6 +76,10 @@ def apply_modelopt(t: Translator) -> None:
     # Where the spec comes from, for messages: the switch, else the entry point.
     line = switch.line if switch is not None else t.entry.line
     flag = switch.flag if switch is not None else (t.entry.name or "ModelOpt example")
+    spec = t.last.get("--spec")
+    if spec is not None:
+        raise InputError("ModelOpt's builder raises 'ModelOpt integration does not support "
+                         "custom args.spec'", file=t.file, line=spec.line, key=spec.flag)
     model_type = t.last.get("--export-model-type")
     declared = t.needed(model_type)[0] if model_type is not None and model_type.values else "GPTModel"
     if declared == "GPTModel" and "hybrid_layer_pattern" in t.mapping:
