@@ -124,7 +124,6 @@ class Duplicate:
     key: Any
     first_line: int
     line: int
-    mapping_line: int
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> YamlMap:
@@ -144,7 +143,7 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> YamlMap:
             elif key in from_merge:
                 from_merge.discard(key)  # a written key overriding a merged one: plain YAML
             elif key in result:
-                loader.duplicates.append(Duplicate(key, result.key_lines[key], line, result.line))
+                loader.duplicates.append(Duplicate(key, result.key_lines[key], line))
         elif key in result:
             raise InputError("duplicate key (the first value would be silently replaced)",
                              file=loader.file, line=line, key=str(key))
