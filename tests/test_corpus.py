@@ -243,3 +243,30 @@ def test_t5_builds_encoder_and_decoder_with_cross_attention():
     assert {(r.precision, r.calls_per_microbatch) for r in report.modules} == {("bf16", 1)}
     assert report.modules[-1].name == "lm_head.output_layer"
     assert report.findings == []
+
+
+# --- upstream's own model (issue 13: docs/upstream-model.md) -----------------------------------
+
+def test_explicit_layout_file_is_pipelined_as_the_layout_says():
+    # --pipeline-model-parallel-layout Et*3|(tt|)*6tmL with PP 2: 8 chunks, VPP 4.
+    report = _report("moe__gpt3_mcore_te_tp2_pp2_ep4_etp1_selective_recompute_experimental.yaml")
+    layers: dict[str, set[str]] = {}
+    for row in report.modules:
+        prefix, _, name = row.name.partition("/")
+        if name.startswith("decoder.layers."):
+            layers.setdefault(prefix, set()).add(name.split(".")[2])
+    assert {prefix: len(found) for prefix, found in layers.items()} == {
+        "stage0.chunk0": 3, "stage1.chunk0": 2, "stage0.chunk1": 2, "stage1.chunk1": 2,
+        "stage0.chunk2": 2, "stage1.chunk2": 2, "stage0.chunk3": 2, "stage1.chunk3": 1}
+    assert "stage1.chunk3/mtp.layers.0.eh_proj" in report_names(report)
+
+
+def test_modelopt_argument_file_builds_megatron_linears():
+    report = _report("post_training__modelopt__conf__Qwen__Qwen3-8B.sh", "launch_scripts")
+    assert {row.type for row in report.modules} == {"ColumnParallelLinear", "RowParallelLinear"}
+
+
+def test_mla_without_qk_layernorm_has_plain_column_up_projections():
+    report = _report("gpt__gpt3_mcore_te_tp2_pp2_mla.yaml")
+    ups = _rows(report, r"decoder\.layers\.\d+\.self_attention\.linear_(q|kv)_up_proj")
+    assert ups and {row.type for row in ups.values()} == {"TEColumnParallelLinear"}

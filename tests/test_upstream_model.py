@@ -416,3 +416,21 @@ def test_cli_table_shows_mcore_types_for_the_modelopt_spec(write, monkeypatch, c
 def test_what_modelopt_builder_raises_is_refused(write, body, key, message):
     with pytest.raises(InputError, match=rf"key '{key}': ModelOpt's builder raises '.*{message}"):
         load_inputs(modelopt_conf(write, body))
+
+
+# --- which entry point the file names ----------------------------------------------------------
+
+@pytest.mark.parametrize("script, file, name, gpt, modelopt", [
+    ("pretrain_gpt.py", "/x/train.sh", "pretrain_gpt.py", True, False),
+    ("/opt/Megatron-LM/pretrain_t5.py", "/x/train.sh", "pretrain_t5.py", False, False),
+    ("/m/examples/post_training/modelopt/finetune.py", "/x/t.sh", "finetune.py", False, True),
+    ("\x00/quantize.py", "/x/t.sh", "quantize.py", False, False),  # ${SCRIPT_DIR}: unknown
+    (None, "/m/examples/post_training/modelopt/conf/org/M.sh", None, False, True),
+    (None, "/corpus/post_training__modelopt__conf__org__M.sh", None, False, True),
+    (None, "/x/model_config.yaml", None, False, False),
+])
+def test_entry_point_of_a_file(script, file, name, gpt, modelopt):
+    from qaudit.sources.entry import Entry
+    entry = Entry(script, 1 if script else None, file)
+    assert (entry.name, entry.builds_gpt, entry.modelopt_location() is not None) == \
+        (name, gpt, modelopt)
