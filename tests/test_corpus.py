@@ -86,7 +86,7 @@ def _write_summary(reporter, elapsed: float) -> None:
                         f"in {elapsed:.0f} s")
     if loaded_only:
         reporter.write_line(f"  {loaded_only} more read and built as configs, not run (over "
-                            f"{MAX_MODULES} TE modules; QAUDIT_CORPUS_FULL=1 runs them)")
+                            f"{MAX_MODULES} modules; QAUDIT_CORPUS_FULL=1 runs them)")
     for reason, count in sorted(refusals.items(), key=lambda kv: -kv[1]):
         reporter.write_line(f"  exit 2 x{count}: {reason}")
     reporter.write_line("  slowest: " + ", ".join(f"{name} {t:.1f} s"
