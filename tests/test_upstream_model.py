@@ -350,8 +350,7 @@ def test_modelopt_mla_without_what_its_norms_need_is_refused(write, mla, message
 
 
 def test_export_default_te_spec_builds_the_te_spec_with_every_layer_moe(write):
-    path = modelopt_conf(write, MOE_MTP.replace("--moe-grouped-gemm", "")
-                         + " --export-default-te-spec")
+    path = modelopt_conf(write, MOE_MTP + " --export-default-te-spec")
     report = audit_files(path, None, FAST)
     types = {row.name: row.type for row in report.modules}
     # One TE layer spec for all layers (grouped experts: not prune.py), layer 0 MoE too.
@@ -434,3 +433,11 @@ def test_entry_point_of_a_file(script, file, name, gpt, modelopt):
     entry = Entry(script, 1 if script else None, file)
     assert (entry.name, entry.builds_gpt, entry.modelopt_location() is not None) == \
         (name, gpt, modelopt)
+
+
+def test_export_default_te_spec_with_mtp_experts_grouped_otherwise_is_refused(write):
+    path = modelopt_conf(write, MOE_MTP.replace("--moe-grouped-gemm", "")
+                         + " --export-default-te-spec")
+    with pytest.raises(InputError, match=r"key '--export-default-te-spec': .* its MTP layers' "
+                                         r"follow the flag; not modelled"):
+        load_inputs(path)

@@ -115,6 +115,11 @@ def _default_te_spec(t: Translator, occurrence) -> None:
     if t.mapping.get("mla_down_proj_fusion"):
         fail("with --export-default-te-spec the GPT decoder is built without the fused MLA "
              "down projection but its MTP layers with it; not modelled", "--mla-down-proj-fusion")
+    if t.mapping.get("mtp_num_layers") and bool(t.mapping.get("moe_grouped_gemm")) != grouped:
+        # The MTP block's spec reads --moe-grouped-gemm, the decoder's the builder's choice.
+        fail("with --export-default-te-spec the GPT decoder's experts are "
+             f"{'grouped' if grouped else 'sequential'} whatever --moe-grouped-gemm says, its "
+             "MTP layers' follow the flag; not modelled", occurrence.flag)
     t.set("moe_grouped_gemm", grouped, occurrence.line, occurrence.flag)
     freq = t.mapping.get("moe_layer_freq", 1)
     all_moe = all(freq) if isinstance(freq, list) else freq == 1
