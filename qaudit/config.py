@@ -500,6 +500,7 @@ def _validate(config: ModelConfig) -> None:
     _check_modelopt_spec(config, fail)
     hybrid.validate(config, fail)
     t5.validate(config, fail)
+    _check_virtual_needs_stages(config, fail)
     _check_build_size(config, fail)
     from qaudit.megatron.pipeline import pipeline_layout
 
@@ -533,10 +534,20 @@ def _apply_layout(config: ModelConfig, fail: Callable[[str, str], None]) -> None
         fail("virtual_pipeline_model_parallel_size", f"contradicts {key}: its {len(layout.chunks)} "
              f"model chunks over {layout.stages} stages make {layout.virtual} per stage "
              "(TransformerConfig asserts they match)")
-    if layout.virtual > 1 and config.pipeline_model_parallel_size == 1:
-        fail(key, f"makes {layout.virtual} model chunks on one pipeline stage: Megatron's "
-             "interleaved schedule asserts pipeline_model_parallel_size > 1")
     config.virtual_pipeline_model_parallel_size = layout.virtual if layout.virtual > 1 else None
+
+
+def _check_virtual_needs_stages(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """Virtual chunks need more than one stage (parallel_state.initialize_model_parallel and
+    validate_args; qaudit's row names would also collide)."""
+    vpp = config.virtual_pipeline_model_parallel_size or 1
+    if vpp == 1 or config.pipeline_model_parallel_size > 1:
+        return
+    key = ("pipeline_model_parallel_layout" if config.pipeline_model_parallel_layout is not None
+           else hybrid.pattern_key(config) if config.is_hybrid
+           else "virtual_pipeline_model_parallel_size")
+    fail(key, f"makes {vpp} model chunks on one pipeline stage: Megatron raises "
+         "'pipeline-model-parallel size should be greater than 1 with interleaved schedule'")
 
 
 def _check_modelopt_spec(config: ModelConfig, fail: Callable[[str, str], None]) -> None:

@@ -258,11 +258,17 @@ def test_layouts_megatron_rejects_are_refused(write, layout, extra, message):
         load_inputs(write("a.yaml", text))
 
 
-def test_layout_on_one_stage_with_several_chunks_is_refused(write):
-    text = ("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
-            "pipeline_model_parallel_layout: 'Et|tL'\n")
-    with pytest.raises(InputError, match=r"interleaved schedule asserts pipeline_model_parallel_size > 1"):
-        load_inputs(write("a.yaml", text))
+@pytest.mark.parametrize("extra, key", [
+    ("num_layers: 2\npipeline_model_parallel_layout: 'Et|tL'\n", "pipeline_model_parallel_layout"),
+    ("num_layers: 4\nvirtual_pipeline_model_parallel_size: 2\n",
+     "virtual_pipeline_model_parallel_size"),
+    ("hybrid_layer_pattern: 'M*|M*'\nmamba_num_groups: 1\n", "hybrid_layer_pattern"),
+])
+def test_virtual_chunks_on_one_stage_are_refused(write, extra, key):
+    # parallel_state.initialize_model_parallel raises; the chunks' row names would collide.
+    with pytest.raises(InputError, match=rf"key '{key}': makes 2 model chunks on one pipeline "
+                                         r"stage: Megatron raises 'pipeline-model-parallel size"):
+        load_inputs(write("a.yaml", "hidden_size: 64\nnum_attention_heads: 4\n" + extra))
 
 
 def test_layout_with_another_virtual_pipeline_flag_is_refused(write):
