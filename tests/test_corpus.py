@@ -242,7 +242,8 @@ def test_t5_builds_encoder_and_decoder_with_cross_attention():
     assert not _rows(report, r"encoder\.layers\.\d+\.cross_attention\..*")
     assert {(r.precision, r.calls_per_microbatch) for r in report.modules} == {("bf16", 1)}
     assert report.modules[-1].name == "lm_head.output_layer"
-    assert report.findings == []
+    # BF16 under megatron-core 0.19.2 (the default): only the harmless stale-flag notes.
+    assert {(f.rule, f.severity) for f in report.findings} == {("QA003", "info")}
 
 
 # --- upstream's own model (issue 13: docs/upstream-model.md) -----------------------------------
