@@ -447,3 +447,26 @@ def test_export_default_te_spec_with_mtp_experts_grouped_otherwise_is_refused(wr
     with pytest.raises(InputError, match=r"key '--export-default-te-spec': .* its MTP layers' "
                                          r"follow the flag; not modelled"):
         load_inputs(path)
+
+
+PLAIN = "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+
+
+# (qk_layernorm came in 0.6.0; the only older release, 0.5.0, refuses every config today:
+# the derived moe_ffn_hidden_size counts as set there.)
+@pytest.mark.parametrize("text, key, since, megatron", [
+    (PLAIN + "multi_latent_attention: true\nq_lora_rank: 32\nmla_down_proj_fusion: true\n",
+     "mla_down_proj_fusion", "0.17.0", "0.16.1"),
+    (PLAIN + "pipeline_model_parallel_size: 2\npipeline_model_parallel_layout: 'Et|tL'\n",
+     "pipeline_model_parallel_layout", "0.13.0", "0.12.3"),
+])
+def test_new_fields_exit_2_on_a_megatron_that_lacks_them(write, monkeypatch, capsys, text, key,
+                                                         since, megatron):
+    # qaudit/upstream/releases.py FIELD_SINCE, read from the release wheels.
+    path = write("a.yaml", text)
+    code, _, err = run_in_process(monkeypatch, capsys, "check", path, "--megatron", megatron,
+                                  "--steps", "1", cwd=None)
+    assert code == 2 and f"key '{key}'" in err and f"megatron-core {since}" in err
+    code, _, _ = run_in_process(monkeypatch, capsys, "check", path, "--megatron", since,
+                                "--steps", "1", cwd=None)
+    assert code in (0, 1)
