@@ -16,7 +16,7 @@ from qaudit.distributed import World, agreed, all_gather, processes_on_this_mach
 from qaudit.errors import InputError
 from qaudit.megatron.dims import model_dims
 from qaudit.megatron.gpt import GPTModel, build_model
-from qaudit.megatron.policies import COMPARED_POLICIES, DEFAULT_POLICY, POLICIES
+from qaudit.megatron.policies import COMPARED_POLICIES, POLICIES, TrackingPolicy
 from qaudit.megatron.session import Session
 from qaudit.probe import CallRecord
 from qaudit.recipe import QuantRecipe, import_custom_factory, load_recipe
@@ -27,13 +27,17 @@ from qaudit.runtime import select_runtime
 from qaudit.sizes import FULL_SIZE_BYTES_PER_PARAM, available_memory_bytes, model_params
 from qaudit.sources import load_source_config
 from qaudit.train import run_evaluation, run_training
+from qaudit.upstream.target import MegatronTarget, check_config_runs_on, resolve_megatron
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 @dataclass(frozen=True)
 class AuditOptions:
-    policy: str = DEFAULT_POLICY
+    # --policy: an explicit tracking behaviour, over the one of the Megatron below.
+    policy: str | None = None
+    # --megatron: "auto", "main" or a release; resolved once into a MegatronTarget.
+    megatron: str | MegatronTarget = "auto"
     steps: int = 2
     microbatches: int = 2
     runtime: str = "auto"
@@ -93,6 +97,7 @@ def audit_files(config_path: str, recipe_path: str | None = None,
                 options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
     config, recipe = agreed(options.world,
                             lambda: load_inputs(config_path, recipe_path, dict(options.variables)))
+    options = replace(options, megatron=megatron_target(options))  # once, for every re-audit
     report = audit_config(config, recipe, options)
     if suggest:
         from qaudit.suggest import suggest as find_remedies
@@ -101,9 +106,22 @@ def audit_files(config_path: str, recipe_path: str | None = None,
     return report
 
 
+def megatron_target(options: AuditOptions) -> MegatronTarget:
+    if isinstance(options.megatron, MegatronTarget):
+        return options.megatron
+    return resolve_megatron(options.megatron)
+
+
+def effective_policy(options: AuditOptions) -> TrackingPolicy:
+    """--policy when given, else the behaviour of the Megatron the verdict is for."""
+    if options.policy is not None:
+        return POLICIES[options.policy]
+    return megatron_target(options).behaviour.tracking_policy()
+
+
 def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
               policy_name: str | None = None) -> AuditRun:
-    policy = POLICIES[policy_name or options.policy]
+    policy = POLICIES[policy_name] if policy_name else effective_policy(options)
 
     def build() -> tuple[Session, GPTModel, dict[str, str]]:
         if options.world is not None:
@@ -266,8 +284,11 @@ def group_verdicts(rows: list[ModuleRow]) -> dict[str, str]:
 
 def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
                  options: AuditOptions = AuditOptions()) -> Report:
-    if options.policy not in POLICIES:
+    if options.policy is not None and options.policy not in POLICIES:
         raise ValueError(f"unknown policy {options.policy!r}")
+    target = megatron_target(options)
+    check_config_runs_on(config, target)
+    options = replace(options, megatron=target)
     # The shrunk model's tensors are tiny: extra intra-op threads only add synchronisation,
     # and spin badly when the machine is busy.
     threads = torch.get_num_threads()
@@ -300,7 +321,8 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
     report = Report(runtime=run.session.runtime.description, policy=run.facts.policy.name,
                     config=config.file or "<memory>", recipe=recipe.file if recipe else None,
                     steps=options.steps, microbatches=options.microbatches,
-                    modules=rows, findings=findings)
+                    modules=rows, findings=findings,
+                    megatron=megatron_target(options).to_dict())
     if run.facts.cross_check is not None:
         report.cross_check = run.facts.cross_check.to_dict()
     if options.compare_policies:
@@ -325,9 +347,12 @@ def compare_policies(config: ModelConfig, recipe: QuantRecipe | None, options: A
                      current_rows: list[ModuleRow]) -> dict[str, dict[str, str]]:
     """Per module group, the verdict under each upstream tracking behaviour."""
     plain = replace(options, verify=False, compare_policies=False)
+    run_policy = effective_policy(options)
+    # The audited run's rows stand for a column only when its behaviour is exactly that one.
+    run_policy_name = run_policy.name if run_policy == POLICIES.get(run_policy.name) else None
     per_policy = {}
     for name in COMPARED_POLICIES:
-        if name == options.policy:
+        if name == run_policy_name:
             rows = current_rows
         else:
             run = run_audit(config, recipe, plain, policy_name=name)

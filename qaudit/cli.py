@@ -27,6 +27,7 @@ class Policy(str, Enum):
     config = "config"
     module = "module"
     pre_5642 = "pre-5642"
+    always_rearm = "always-rearm"
 
 
 class OutputFormat(str, Enum):
@@ -54,6 +55,15 @@ class DeviceChoice(str, Enum):
     cuda = "cuda"
 
 
+MEGATRON_HELP = ("The Megatron the verdict is for. auto (default): the Megatron this Python "
+                 "would import, its behaviour read from its code (never imported); with none, "
+                 "the newest megatron-core release qaudit knows, said in the report. main: "
+                 "Megatron-LM main. VERSION: a megatron-core release (0.5.0 ... 0.19.2).")
+POLICY_HELP = ("Override the tracking behaviour of --megatron: legacy (megatron-core 0.19), "
+               "pre-5642 (0.9-0.18: a quant_recipe alone does not re-arm), always-rearm "
+               "(0.5-0.8), config (main, PR #6965), module (PR #7353).")
+
+
 def _fail(message: str, code: int) -> None:
     typer.echo(message, err=True)
     raise typer.Exit(code)
@@ -72,10 +82,9 @@ def check(
                                                    "file takes from outside (environment "
                                                    "variable, ${VAR} placeholder, script argument "
                                                    "number); repeatable."),
-    policy: Policy = typer.Option(Policy.config, help="Megatron's is_first_microbatch tracking: "
-                                  "legacy (before PR #6965), config (PR #6965, upstream), "
-                                  "module (PR #7353), pre-5642 (before PR #5642: a quant_recipe "
-                                  "alone does not re-arm)."),
+    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION",
+                                 help=MEGATRON_HELP),
+    policy: Optional[Policy] = typer.Option(None, help=POLICY_HELP),
     steps: int = typer.Option(2, min=1, max=100, help="Training steps to run."),
     microbatches: int = typer.Option(2, min=1, max=64, help="Microbatches per step."),
     output_format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
@@ -133,7 +142,8 @@ def check(
             distributed.join(world)
     except EnvironmentProblem as exc:
         _fail(f"error: {exc}", EXIT_INTERNAL)
-    options = AuditOptions(policy=policy.value, steps=steps, microbatches=microbatches,
+    options = AuditOptions(policy=policy.value if policy else None, megatron=megatron,
+                           steps=steps, microbatches=microbatches,
                            runtime=runtime.value, device=device.value if device else None,
                            seed=seed, evaluation=evaluation, verify=verify,
                            compare_policies=compare_policies, allow_import=allow_import,
@@ -229,7 +239,10 @@ def diff(
     head: str = typer.Argument(..., help="Head config YAML, or a JSON report."),
     recipe_base: Optional[str] = typer.Option(None, "--recipe-base", help="Quant recipe for BASE."),
     recipe_head: Optional[str] = typer.Option(None, "--recipe-head", help="Quant recipe for HEAD."),
-    policy: Policy = typer.Option(Policy.config, help="Tracking policy for both audits."),
+    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION",
+                                 help="The Megatron both audits are for (as for check)."),
+    policy: Optional[Policy] = typer.Option(None, help="Tracking policy for both audits, over "
+                                            "the Megatron's own."),
     steps: int = typer.Option(2, min=1, max=100, help="Training steps to run."),
     microbatches: int = typer.Option(2, min=1, max=64, help="Microbatches per step."),
     runtime: RuntimeChoice = typer.Option(RuntimeChoice.auto, help="auto, reference or te."),
@@ -248,9 +261,12 @@ def diff(
     from qaudit.diff import diff_reports, emit_diff, load_side
     from qaudit.render import parse_outputs
 
-    options = AuditOptions(policy=policy.value, steps=steps, microbatches=microbatches,
-                           runtime=runtime.value, seed=seed)
+    from qaudit.upstream.target import resolve_megatron
+
     try:
+        options = AuditOptions(policy=policy.value if policy else None,
+                               megatron=resolve_megatron(megatron), steps=steps,
+                               microbatches=microbatches, runtime=runtime.value, seed=seed)
         outputs = parse_outputs(output, tuple(f.value for f in DiffFormat))
         result = diff_reports(load_side(base, recipe_base, options),
                               load_side(head, recipe_head, options))

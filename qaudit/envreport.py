@@ -45,6 +45,8 @@ class EnvReport:
     auto_runtime: str = "reference"
     auto_reason: str = ""
     runtimes: dict[str, str] = field(default_factory=dict)
+    # The Megatron `check --megatron auto` audits for (qaudit/upstream/target.py).
+    megatron: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": ENV_SCHEMA, **asdict(self)}
@@ -134,9 +136,12 @@ def _te_support() -> list[RecipeSupport] | None:
 def collect() -> EnvReport:
     from qaudit import __version__
 
+    from qaudit.upstream.target import resolve_megatron
+
     report = EnvReport(qaudit=__version__, python=platform.python_version(),
                        platform=f"{platform.system()} {platform.machine()}",
-                       torch=None, torch_cuda=None, cuda_available=False)
+                       torch=None, torch_cuda=None, cuda_available=False,
+                       megatron=resolve_megatron().to_dict())
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - a broken torch is what this command reports
@@ -223,6 +228,11 @@ def render_env_text(report: EnvReport, width: int = 80) -> str:
                                              f"{gpu['compute_capability']}")
     if not report.gpus:
         lines += item("GPU", "none")
+    megatron = report.megatron
+    lines += item("Megatron", f"{megatron.get('label')}, tracking behaviour "
+                  f"{megatron.get('policy')} ({megatron.get('source')}"
+                  + (f": {megatron['location']}" if megatron.get("location") else "")
+                  + (f"; {megatron['note']}" if megatron.get("note") else "") + ")")
     te = report.transformer_engine or "not installed"
     lines += item("TE", te if report.te_usable or not report.transformer_engine
                   else f"{te}, not usable: {report.te_reason}")

@@ -9,6 +9,7 @@ from typing import Any
 from qaudit.errors import printable
 from qaudit.precision import precision_label
 from qaudit.probe import CallRecord
+from qaudit.upstream.releases import policy_versions
 
 SCHEMA = "qaudit/1"
 SEVERITIES = ("error", "warning", "info")
@@ -71,6 +72,10 @@ class Report:
     # Findings hidden by --baseline or a `qaudit: ignore` comment (qaudit/baseline.py); each
     # also has `suppression`: "baseline" or "comment". Not counted in summary or exit code.
     suppressed: list[Finding] | None = None
+    # The Megatron the verdict is for (qaudit/upstream/target.py MegatronTarget.to_dict()):
+    # source, version, policy (its behaviour; `policy` above is the one audited), label,
+    # location, note. None in reports written before qaudit knew Megatron versions.
+    megatron: dict[str, Any] | None = None
     # --cross-check: the comparison with the installed Megatron (qaudit.crosscheck.CrossCheck
     # .to_dict(): megatron, modules_compared, differences, ...).
     cross_check: dict[str, Any] | None = None
@@ -89,6 +94,7 @@ class Report:
             "schema": SCHEMA,
             "runtime": self.runtime,
             "policy": self.policy,
+            **({"megatron": self.megatron} if self.megatron is not None else {}),
             "config": self.config,
             "recipe": self.recipe,
             "steps": self.steps,
@@ -96,12 +102,21 @@ class Report:
             "modules": [asdict(row) for row in self.modules],
             "findings": [asdict(f) for f in self.findings],
             "summary": {severity: counts.get(severity, 0) for severity in SEVERITIES},
-            **({"policies": self.policies} if self.policies is not None else {}),
+            **({"policies": self.policies,
+                "policy_versions": {name: policy_versions(name) for name in _policy_names(self.policies)}}
+               if self.policies is not None else {}),
             **({"suggestions": self.suggestions} if self.suggestions is not None else {}),
             **({"suppressed": [asdict(f) for f in self.suppressed]}
                if self.suppressed is not None else {}),
             **({"cross_check": self.cross_check} if self.cross_check is not None else {}),
         }
+
+
+def _policy_names(policies: dict[str, dict[str, str]]) -> list[str]:
+    names: list[str] = []
+    for verdicts in policies.values():
+        names.extend(name for name in verdicts if name not in names)
+    return names
 
 
 def calls_per_microbatch(records: list[CallRecord], grad: bool) -> int:

@@ -6,7 +6,7 @@ nothing runs quantized, else in the run's own dtype (see reference_gradients).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,13 +22,12 @@ from qaudit.train import make_batches, step_gradient
 CONFIRM_THRESHOLD = 1e-2
 
 
+@dataclass(frozen=True)
 class _NeverTracked(TrackingPolicy):
     """Reference runs pass None: no cached weights, every call quantized afresh."""
 
-    name = "reference"
-
-    def rearms(self, config) -> bool:
-        return False
+    name: str = "reference"
+    rearm_on: tuple[str, ...] | None = ()
 
     def flag_to_pass(self, module, is_context_quantized: bool):
         return None

@@ -16,7 +16,6 @@ from cli_helpers import run_in_process
 from megatron_env import megatron  # noqa: F401 - fixture
 from qaudit.crosscheck.compare import ABSENT, Difference, compare
 from qaudit.crosscheck.facts import ModuleFacts
-from qaudit.upstream.detect import locate_megatron
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
@@ -39,21 +38,6 @@ def test_without_megatron_exit_2_saying_so(monkeypatch, capsys):
     assert code == 2 and not out
     assert err.startswith("error: --cross-check needs the Megatron you train with")
     assert len(err.strip().splitlines()) == 1
-
-
-def test_locate_megatron_reads_version_without_importing(tmp_path):
-    core = tmp_path / "site" / "megatron" / "core"
-    core.mkdir(parents=True)
-    (core / "__init__.py").write_text("raise RuntimeError('imported')\n")
-    (core / "package_info.py").write_text("MAJOR = 0\nMINOR = 19\nPATCH = 2\nPRE_RELEASE = ''\n")
-    found = locate_megatron([str(tmp_path / "empty"), str(tmp_path / "site")])
-    assert found is not None
-    assert (found.root, found.version, found.kind) == ((tmp_path / "site").resolve(), "0.19.2",
-                                                       "package")
-    (tmp_path / "site" / "pretrain_gpt.py").write_text("")
-    assert locate_megatron([str(tmp_path / "site")]).kind == "checkout"
-    assert locate_megatron([str(tmp_path / "empty")]) is None
-    assert "megatron" not in sys.modules or "site" not in str(sys.modules["megatron"])
 
 
 def _facts(name: str, cls: str = "TELinear", **run) -> ModuleFacts:
