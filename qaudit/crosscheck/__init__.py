@@ -104,10 +104,6 @@ def _upstream_input(config: "ModelConfig", recipe: "QuantRecipe | None",
     spec = getattr(args, "spec", None)
     if spec:
         not_covered.append(f"--spec {' '.join(spec)}: compared with the TE layer spec")
-    if "modelopt" in (config.file or ""):
-        # examples/post_training/modelopt builds get_gpt_modelopt_spec (main).
-        not_covered.append("modelopt entry points build the modelopt spec: compared with "
-                           "pretrain_gpt.py's TE layer spec")
     return upstream
 
 

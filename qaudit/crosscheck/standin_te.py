@@ -316,12 +316,15 @@ class GroupedLinear(_Recorded):
 
 
 class _Norm(torch.nn.Module):
-    def __init__(self, normalized_shape: int, eps: float = 1e-5, sequence_parallel: bool = False,
-                 params_dtype: torch.dtype | None = None, zero_centered_gamma: bool = False,
-                 device: Any = "cpu", with_bias: bool = True, **_te_only: Any) -> None:
+    def __init__(self, normalized_shape: int | None = None, eps: float = 1e-5,
+                 sequence_parallel: bool = False, params_dtype: torch.dtype | None = None,
+                 zero_centered_gamma: bool = False, device: Any = "cpu", with_bias: bool = True,
+                 hidden_size: int | None = None, **_te_only: Any) -> None:
         super().__init__()
         dtype = params_dtype or torch.float32
-        hidden_size = normalized_shape
+        # TE takes normalized_shape, and still hidden_size (its older name, which ModelOpt's
+        # norm passes).
+        hidden_size = normalized_shape if normalized_shape is not None else hidden_size
         self.hidden_size, self.eps, self.zero_centered_gamma = hidden_size, eps, zero_centered_gamma
         self.weight = torch.nn.Parameter(
             torch.full((hidden_size,), 0.0 if zero_centered_gamma else 1.0, dtype=dtype))
@@ -337,7 +340,7 @@ class LayerNorm(_Norm):
 
 
 class RMSNorm(_Norm):
-    def __init__(self, normalized_shape: int, **kwargs: Any) -> None:
+    def __init__(self, normalized_shape: int | None = None, **kwargs: Any) -> None:
         super().__init__(normalized_shape, with_bias=False, **kwargs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -31,8 +31,10 @@ from qaudit.report import accumulation_of, calls_per_microbatch, precision_of
 from qaudit.train import (LEARNING_RATE, attach_grad_buffers, step_gradient,
                           zero_grad_buffer)
 
-# Megatron's own (non-TE) linear classes: rows too (the usual output layer is one).
+# Megatron's own (non-TE) linear classes: rows too (the usual output layer is one; every
+# linear of the modelopt spec, whose MLA down projections are its `Linear`).
 MCORE_LINEARS = ("ColumnParallelLinear", "RowParallelLinear")
+MODELOPT_LINEAR = "megatron.core.post_training.modelopt.layers"
 
 
 @dataclass
@@ -121,9 +123,16 @@ def _call_with_supported(function: Any, *args: Any, **kwargs: Any) -> Any:
     return function(*args, **{k: v for k, v in kwargs.items() if k in accepted})
 
 
-def layer_spec(config: Any, stage: dict[str, Any]) -> Any:
-    """The layer spec Megatron-LM's gpt_builders.py picks for the TE implementation;
-    `stage`: vp_stage and pp_rank of the chunk being built."""
+def layer_spec(config: Any, stage: dict[str, Any], which: str = "te") -> Any:
+    """The layer spec Megatron-LM's gpt_builders.py picks for the TE implementation, or the
+    one ModelOpt's builder picks (`which` "modelopt": megatron/post_training/model_builder.py,
+    main, with ModelOpt's option defaults); `stage`: vp_stage and pp_rank of the chunk."""
+    if which == "modelopt":
+        from megatron.core.post_training.modelopt.gpt.model_specs import get_gpt_modelopt_spec
+
+        return get_gpt_modelopt_spec(config=config, local_core_attention=False,
+                                     remap_te_layernorm=False, real_quant_cfg="None",
+                                     use_arbitrary_attention_mask=False)
     specs = upstream_classes()["specs"]
     if config.num_moe_experts:
         return _call_with_supported(specs.get_gpt_decoder_block_spec, config,
@@ -267,7 +276,8 @@ def _build_chunk(classes: dict[str, Any], config: Any, upstream: UpstreamInput, 
         where = {"vp_stage": vp_stage, "pp_rank": stage}
     with pipeline_rank(stage, stages, index, chunks), \
             _recording_binder(classes["gpt_model"]) as bound:
-        spec = layer_spec(config, where)  # a failure here is the cross-check's, not the input's
+        # A failure here is the cross-check's, not the input's.
+        spec = layer_spec(config, where, upstream.layer_spec)
         block = mtp_spec(config, spec, where)
         try:
             model = classes["GPTModel"](config=config, transformer_layer_spec=spec,
@@ -305,8 +315,9 @@ def linear_modules(chunks: list[Chunk]) -> list[tuple[str, torch.nn.Module]]:
     found = []
     for chunk in chunks:
         for name, module in chunk.model.named_modules():
-            if isinstance(module, te_classes) or (
-                    type(module).__name__ in MCORE_LINEARS and not isinstance(module, te_classes)):
+            mcore = type(module).__name__ in MCORE_LINEARS or (
+                type(module).__name__ == "Linear" and type(module).__module__ == MODELOPT_LINEAR)
+            if isinstance(module, te_classes) or (mcore and not isinstance(module, te_classes)):
                 found.append((chunk.prefix + name, module))
     return found
 

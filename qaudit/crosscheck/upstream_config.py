@@ -52,6 +52,8 @@ class UpstreamInput:
     # The flag route: the recipe upstream already loaded, and its config class.
     prebuilt_recipe: Any = None
     config_class: type | None = None
+    # "modelopt": the entry point builds ModelOpt's spec (examples/post_training/modelopt).
+    layer_spec: str = "te"
     # A MODEL_ARGS file's ENV_VARS: the runner's environment during the build and run.
     environment: dict[str, str] = field(default_factory=dict)
     # Megatron-FSDP with optim_grads sharding sets overwrite_main_grad on every parameter;
@@ -121,6 +123,7 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
     }
     model_kwargs.update({key: written[key] for key in GPT_MODEL_ARGS if key in written})
     return UpstreamInput(mla, kwargs, model_kwargs, recipe_file, unknown,
+                         layer_spec=config.layer_spec,
                          overwrite_main_grad=_fsdp_overwrites(
                              written.get("use_megatron_fsdp", False),
                              written.get("data_parallel_sharding_strategy", "no_shard")))
@@ -204,6 +207,7 @@ def from_arguments(config: ModelConfig, argv: list[str],
                              kwargs, model_kwargs, None)
     upstream.prebuilt_recipe = upstream_config.quant_recipe
     upstream.environment = dict(environment or {})
+    upstream.layer_spec = config.layer_spec
     upstream.overwrite_main_grad = _fsdp_overwrites(
         getattr(args, "use_megatron_fsdp", False),
         getattr(args, "data_parallel_sharding_strategy", "no_shard"))

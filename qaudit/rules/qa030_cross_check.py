@@ -33,9 +33,9 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
     report above describes qaudit's model, not the one your Megatron builds: do not rely on
     its verdicts for the modules named until the difference is understood. A module that only
     one side builds, or a different class, is a gap in qaudit's model of Megatron (please
-    report it). Differences only in `tracked` and `accumulation` usually mean that the installed
-    Megatron passes `is_first_microbatch` as another `--policy` does (releases up to 0.19
-    behave as `legacy`); re-run with that policy.
+    report it). Differences only in `tracked` and `accumulation` usually mean that `--policy` or
+    `--megatron` named another Megatron than the installed one (releases up to 0.19 behave as
+    `legacy`, Megatron-LM main as `config`); without them qaudit follows the installed one.
     """
     result = facts.cross_check
     if result is None:
@@ -51,8 +51,8 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
 
 def _fix(field: str) -> str:
     if field in _RUN_FIELDS:
-        return ("re-run with the --policy that matches the installed Megatron (0.19 and "
-                "earlier: legacy)")
+        return ("re-run without --policy/--megatron: qaudit then audits with the installed "
+                "Megatron's own behaviour")
     if field == "build":
         return "the installed Megatron cannot train this config: fix what its message names"
     if field == "config field":
