@@ -24,3 +24,18 @@ def megatron(monkeypatch) -> Path:
         pytest.fail(f"QAUDIT_TEST_MEGATRON_CORE={where} holds no megatron/core/")
     monkeypatch.syspath_prepend(str(root))
     return root
+
+
+@pytest.fixture(scope="module", autouse=False)
+def forget_megatron():
+    """After a module of cross-check tests: drop the Megatron modules they imported, so that
+    later tests see a process where the audit never imported Megatron (it does not, without
+    --cross-check). Within the module, imports are reused (seconds per build)."""
+    import sys
+
+    before = set(sys.modules)
+    yield
+    for name in [n for n in sys.modules if n not in before]:
+        if name == "megatron" or name.startswith(("megatron.", "transformer_engine",
+                                                  "fused_weight_gradient_mlp_cuda")):
+            del sys.modules[name]

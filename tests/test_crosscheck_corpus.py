@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_in_process
-from megatron_env import megatron  # noqa: F401 - fixture
+from megatron_env import forget_megatron, megatron  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.usefixtures("forget_megatron")
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "megatron"
 
