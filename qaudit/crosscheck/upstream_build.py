@@ -485,4 +485,12 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
         # A feature of this config runs a CUDA kernel: compare what was built.
         return UpstreamModel(module_facts(chunks, None, {}), ran=False,
                              notes=notes + [f"the training run needs {exc}; compared as built"])
+    except (RuntimeError, AssertionError, ValueError, TypeError, AttributeError,
+            IndexError) as exc:
+        # Upstream's forward or backward failed here (the note names its line): what was built
+        # is still compared.
+        failure = _one_line(f"{type(exc).__name__}: {exc}", 200)
+        return UpstreamModel(module_facts(chunks, None, {}), ran=False, notes=notes + [
+            f"the training run failed in Megatron's code: {failure}{_where(exc)}; compared "
+            "as built"])
     return UpstreamModel(module_facts(chunks, probe, decisions), ran=True, notes=notes)
