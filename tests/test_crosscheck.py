@@ -6,7 +6,6 @@ Tests that need Megatron use the `megatron` fixture (tests/megatron_env.py).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
