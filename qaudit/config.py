@@ -11,7 +11,7 @@ from qaudit.errors import InputError
 from qaudit.megatron.hybrid_pattern import MOE, HybridPattern, parse_pattern
 from qaudit.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
 from qaudit.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
-from qaudit.unmodelled import note_for_setting
+from qaudit.unmodelled import HYBRID_WITHOUT_PATTERN, note_for_setting
 from qaudit.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
 
 
@@ -446,6 +446,9 @@ def config_from_mapping(mapping: YamlMap, source: ConfigSource,
     for key in REQUIRED_FIELDS:
         if key not in values and not (key == "num_layers" and hybrid.counts_layers(values)):
             raise InputError("required field is missing", file=source.file, line=mapping.line, key=key)
+    if note_settings and mapping.get("is_hybrid_model") is True and not hybrid.counts_layers(values):
+        source.notes.append(SourceNote(f"is_hybrid_model true: {HYBRID_WITHOUT_PATTERN}",
+                                       mapping.line_of("is_hybrid_model"), "is_hybrid_model"))
     given = set(values)
     values.setdefault("num_layers", 0)  # a hybrid pattern gives it (hybrid.resolve)
     config = ModelConfig(**values, source=source)

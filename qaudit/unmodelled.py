@@ -122,6 +122,11 @@ UNMODELLED: dict[str, Unmodelled] = {
     "perform_rl_step": Unmodelled("the RL training loop is not modelled"),
 }
 
+# A setting whose warning depends on another: is_hybrid_model without a layer pattern (the
+# flag route notes it in qaudit/sources/hybrid_flags.py, the YAML route in qaudit/config.py).
+HYBRID_WITHOUT_PATTERN = ("the hybrid layers are not known without a layer pattern (Megatron "
+                          "builds them from hybrid_layer_pattern); audited as a GPT stack")
+
 # Flag destinations (Megatron's argparse `dest`) that are not the field's own name.
 FLAG_FIELDS: dict[str, str] = {
     "cuda_graph_scope_deprecated": "cuda_graph_scope",
