@@ -90,7 +90,7 @@ def test_delayed_wgrad_with_ddp_hook_gives_the_undelayed_outcome(fuse):
 
 
 def test_delayed_wgrad_without_fusion_assigns_and_loses_without_the_hook():
-    """TE base.py backward_dw (v2.7+): without fusion weight.grad is ASSIGNED; two queued
+    """TE base.py backward_dw (v2.8+): without fusion weight.grad is ASSIGNED; two queued
     GEMMs popped with no hook in between keep only the last one's gradient."""
     module = _module(fuse=False, delayed=True)
     _two_calls(module)

@@ -257,7 +257,7 @@ class _ReferenceModule(torch.nn.Module):
     def backward_dw(self) -> None:
         """Run ONE queued wgrad GEMM (FIFO), then the module's hooks. With fusion it writes
         `main_grad` with the decision taken in backward; without, it ASSIGNS `weight.grad`
-        (TE v2.7+), so a second call replaces an unconsumed first one. An empty queue raises
+        (TE v2.8+), so a second call replaces an unconsumed first one. An empty queue raises
         as TE's Linear does."""
         if not self.need_backward_dw():
             return
