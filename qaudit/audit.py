@@ -138,7 +138,7 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
             check_world_matches_stages(config, options.world)
         if options.full_size:
             check_full_size_fits(config, processes_here=processes_on_this_machine(options.world))
-        runtime = _runtime_for(config, options, te)
+        runtime = _runtime_for(config, options, te, recipe)
         session = Session(runtime, policy, te=te.behaviour)
         model = build_model(config, model_dims(config, options.full_size), session, recipe,
                             seed=options.seed)
@@ -210,22 +210,39 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
 _REFERENCE_ONLY = ("delay_wgrad_compute", "fp8_param", "fp4_param", "freeze_all_layers")
 
 
-def reference_only_settings(config: ModelConfig) -> list[str]:
+def reference_only_settings(config: ModelConfig, recipe: QuantRecipe | None = None) -> list[str]:
     found = [name for name in _REFERENCE_ONLY if getattr(config, name)]
     if config.graph_impl in ("local", "transformer_engine"):
         found.append("cuda_graph_impl")
+    if recipe is not None and _recipe_has_primary_weights(recipe):
+        found.append("quant_recipe")
     return found
 
 
-def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget):
+def _recipe_has_primary_weights(recipe: QuantRecipe) -> bool:
+    """A recipe config asking for primary quantized weights (read from the raw payloads: an
+    invalid one is QA014's business)."""
+    for payload in recipe.configs.values():
+        for key in ("training_recipe", "evaluation_recipe"):
+            part = payload.get(key) if isinstance(payload, dict) else None
+            if isinstance(part, dict) and (part.get("fp8_param") is True
+                                           or part.get("fp4_param") is True):
+                return True
+    return False
+
+
+def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget,
+                 recipe: QuantRecipe | None = None):
     """The runtime, with `auto` falling back to reference for settings only it models."""
-    needs_reference = reference_only_settings(config)
+    needs_reference = reference_only_settings(config, recipe)
     name = options.runtime
     if name == "auto" and needs_reference:
         name = "reference"
     if name == "te" and needs_reference:
         key = needs_reference[0]
-        raise InputError(f"--runtime te does not model {key} yet (the reference runtime does: "
+        what = "primary quantized weights (the recipe's fp8_param)" if key == "quant_recipe" \
+            else key
+        raise InputError(f"--runtime te does not model {what} yet (the reference runtime does: "
                          "docs/te-settings.md); use --runtime reference",
                          file=config.file, line=config.line_of(key), key=key)
     return select_runtime(name, options.device,

@@ -384,3 +384,21 @@ def test_env_shows_megatron_and_te_side_by_side(monkeypatch, capsys):
     code, out, _ = run_in_process(monkeypatch, capsys, "env", "--format", "json")
     data = json.loads(out)
     assert data["te"]["source"] in ("installed", "assumed") and data["megatron"]["source"]
+
+
+def test_auto_runtime_picks_reference_for_a_recipe_with_primary_weights(write_yaml):
+    """A recipe's fp8_param is modelled by the reference runtime only: auto picks it, and
+    --runtime te is refused before anything runs."""
+    from qaudit.audit import reference_only_settings
+    from qaudit.recipe import load_recipe
+    from pathlib import Path
+
+    path = _recipe_config(write_yaml, primary=True)
+    recipe = load_recipe(Path(path).parent / "recipe.yaml")
+    from qaudit.audit import load_inputs
+
+    config, _ = load_inputs(path)
+    assert reference_only_settings(config, recipe) == ["quant_recipe"]
+    assert reference_only_settings(config, None) == []
+    with pytest.raises(InputError, match="primary quantized weights"):
+        audit_files(path, options=AuditOptions(runtime="te"))

@@ -13,8 +13,9 @@ from typing import Callable
 import torch
 
 from qaudit.config import ModelConfig
-from qaudit.megatron.session import Session
+from qaudit.errors import InputError
 from qaudit.megatron.graphs import captured_armed, has_skip_flag, is_graphed
+from qaudit.megatron.session import Session
 from qaudit.plan import resolve_execution
 from qaudit.precision import Quant
 from qaudit.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
@@ -143,6 +144,10 @@ class TEWrapper(AuditedModule):
             self.primary_quantized_weight = primary
             if hasattr(self.inner, "primary_quantized_weight"):
                 self.inner.primary_quantized_weight = primary
+            elif primary:  # the te runtime builds plain TE modules (no quantized_model_init)
+                raise InputError(f"{self.fqn}: --runtime te does not model primary quantized "
+                                 "weights (a recipe's fp8_param/fp4_param) yet; use --runtime "
+                                 "reference", file=self.config.file)
         return self.primary_quantized_weight
 
 
