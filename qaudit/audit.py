@@ -236,7 +236,12 @@ def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget,
     """The runtime, with `auto` falling back to reference for settings only it models."""
     needs_reference = reference_only_settings(config, recipe)
     name = options.runtime
-    if name == "auto" and needs_reference:
+    if name == "te" and te.source == "named":
+        # The te runtime runs the installed TE; a named version is for the reference's model.
+        raise InputError(f"--te {te.version} names the TE behaviour the reference runtime "
+                         "models; --runtime te runs the installed Transformer Engine (leave "
+                         "--te at auto, or use --runtime reference)")
+    if name == "auto" and (needs_reference or te.source == "named"):
         name = "reference"
     if name == "te" and needs_reference:
         key = needs_reference[0]

@@ -402,3 +402,10 @@ def test_auto_runtime_picks_reference_for_a_recipe_with_primary_weights(write_ya
     assert reference_only_settings(config, None) == []
     with pytest.raises(InputError, match="primary quantized weights"):
         audit_files(path, options=AuditOptions(runtime="te"))
+
+
+def test_a_named_te_version_is_for_the_reference_runtime(write_yaml):
+    path = write_yaml("n.yaml", "num_layers: 1\nhidden_size: 64\nnum_attention_heads: 4\n")
+    with pytest.raises(InputError, match="--runtime te runs the installed"):
+        audit_files(path, options=AuditOptions(runtime="te", te="2.8"))
+    assert audit_files(path, options=AuditOptions(te="2.8")).runtime.startswith("reference")
