@@ -29,14 +29,13 @@ def _module(fuse: bool = True, delayed: bool = False) -> Linear:
     return module
 
 
-def _two_calls(module: Linear, flags=(True, False)) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def _two_calls(module: Linear, flags=(True, False)) -> None:
     """Two calls of one module per microbatch, call 2 consuming call 1 (as a repeated MTP
-    layer): backward runs call 2 first. Returns the input and each call's dW."""
+    layer), then backward: call 2's backward runs first, call 1's (flag True) last."""
     x = torch.randn(3, 8, generator=torch.Generator().manual_seed(1))
     h = module(x, is_first_microbatch=flags[0])
     y = module(torch.cat([h, h], dim=1), is_first_microbatch=flags[1])
     y.sum().backward()
-    return x, []
 
 
 def _true_grad(module: Linear) -> torch.Tensor:
@@ -206,7 +205,6 @@ num_attention_heads: 4
 mtp_num_layers: 2
 mtp_use_repeated_layer: true
 """
-FP8 = FP8  # noqa: PLW0127 - the module constant above
 FP8_LINES = "fp8: e4m3\nfp8_recipe: tensorwise\n"
 
 
