@@ -60,6 +60,11 @@ class ModelConfig:
     qk_head_dim: int = 128
     qk_pos_emb_head_dim: int = 64
     v_head_dim: int = 128
+    # Norms on the MLA latents: fused into the up projections (TELayerNormColumnParallelLinear
+    # instead of TEColumnParallelLinear). Standard attention's q/k norms are not linears.
+    qk_layernorm: bool = False
+    # MLA: one fused q/kv down projection (`linear_qkv_down_proj`) with the input norm.
+    mla_down_proj_fusion: bool = False
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
@@ -71,6 +76,9 @@ class ModelConfig:
     num_layers_in_last_pipeline_stage: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    # An explicit layout ("Et*3|(tt|)*6tmL" or the list form): per model chunk, which layers
+    # it holds; sets the virtual pipeline size (qaudit/megatron/pp_layout.py).
+    pipeline_model_parallel_layout: str | list | None = None
     # Megatron-FSDP (DDP config, not TransformerConfig): optim_grads* sharding sets
     # overwrite_main_grad on the weights (semantics.md §1.3).
     use_megatron_fsdp: bool = False
@@ -103,6 +111,11 @@ class ModelConfig:
     fp8_param: bool = False
     fp4_param: bool = False
     freeze_all_layers: bool = False
+    # Which layer spec builds the model (qaudit's own key, not a TransformerConfig field):
+    # "te", Megatron's TE spec, or "modelopt", the spec of Megatron's ModelOpt builder
+    # (Megatron's own linears). The flag route sets it from the entry point
+    # (qaudit/sources/modelopt_flags.py).
+    layer_spec: str = "te"
     # Where each key was written; not a model field.
     source: "ConfigSource" = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -322,6 +335,15 @@ def _graph_modules(key: str, value: Any) -> Any:
     return list(value) if isinstance(value, list) else value
 
 
+def _layout(key: str, value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(row, list) for row in value):
+        return [list(row) for row in value]
+    raise ValueError(f"expected a layout string such as 'Et*3|(tt|)*6tmL' or a list of lists "
+                     f"of layer types, got {type_name(value)} {short_repr(value)}")
+
+
 def _layer_freq(key: str, value: Any) -> Any:
     if isinstance(value, list):
         for item in value:
@@ -368,6 +390,8 @@ _CHECKS: dict[str, Check] = {
     "qk_head_dim": _POSITIVE,
     "qk_pos_emb_head_dim": _POSITIVE,
     "v_head_dim": _POSITIVE,
+    "qk_layernorm": _bool,
+    "mla_down_proj_fusion": _bool,
     "recompute_granularity": _choice("full", "selective", nullable=True),
     "recompute_method": _choice("uniform", "block", nullable=True),
     "recompute_num_layers": _optional(_POSITIVE),
@@ -379,6 +403,7 @@ _CHECKS: dict[str, Check] = {
     "num_layers_in_last_pipeline_stage": _optional(_int(0)),
     "account_for_embedding_in_pipeline_split": _bool,
     "account_for_loss_in_pipeline_split": _bool,
+    "pipeline_model_parallel_layout": _layout,
     "use_megatron_fsdp": _bool,
     "data_parallel_sharding_strategy": _choice("no_shard", "optim", "optim_grads",
                                                "optim_grads_params"),
@@ -400,6 +425,7 @@ _CHECKS: dict[str, Check] = {
     "fp8_param": _bool,
     "fp4_param": _bool,
     "freeze_all_layers": _bool,
+    "layer_spec": _choice("te", "modelopt"),
 }
 MODELLED_FIELDS = frozenset(f.name for f in fields(ModelConfig) if f.name != "source")
 assert MODELLED_FIELDS == frozenset(_CHECKS), "every modelled field needs a check"
@@ -544,6 +570,13 @@ def _validate(config: ModelConfig) -> None:
              f"given, num_layers is {config.num_layers}")
     if config.is_moe and config.moe_router_topk > config.num_moe_experts:
         fail("moe_router_topk", f"cannot exceed num_moe_experts ({config.num_moe_experts})")
+    if config.mla_down_proj_fusion:
+        if not config.multi_latent_attention:
+            fail("mla_down_proj_fusion", "needs multi_latent_attention: true (Megatron asserts "
+                 "'--mla-down-proj-fusion requires --multi-latent-attention')")
+        if config.q_lora_rank is None:
+            fail("mla_down_proj_fusion", "needs q_lora_rank (Megatron's FusedMLASelfAttention "
+                 "asserts it: the fused projection holds the query's down projection)")
     if config.mtp_use_repeated_layer and not config.mtp_depths:
         fail("mtp_use_repeated_layer", "needs mtp_num_layers >= 1")
     if config.recompute_granularity == "full" and config.recompute_method is None:
@@ -555,8 +588,11 @@ def _validate(config: ModelConfig) -> None:
         fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
              "recipe together with --te-precision-config-file)")
     _validate_te_settings(config, fail)
+    _apply_layout(config, fail)
+    _check_modelopt_spec(config, fail)
     hybrid.validate(config, fail)
     t5.validate(config, fail)
+    _check_virtual_needs_stages(config, fail)
     _check_build_size(config, fail)
     from qaudit.megatron.pipeline import pipeline_layout
 
@@ -578,6 +614,72 @@ def _validate_te_settings(config: ModelConfig, fail: Callable[[str, str], None])
     if config.cuda_graph_scope is not None and config.cuda_graph_modules not in (None, "full", []):
         fail("cuda_graph_scope", "cuda_graph_scope and cuda_graph_modules cannot be set together "
              "(cuda_graph_scope is the deprecated name)")
+
+
+def _apply_layout(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """TransformerConfig's checks of an explicit layout; it sets the virtual pipeline size."""
+    from qaudit.megatron.pp_layout import LayoutError, read_layout
+
+    key = "pipeline_model_parallel_layout"
+    if config.pipeline_model_parallel_layout is None:
+        return
+    for other in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+        if getattr(config, other) is not None:
+            fail(other, f"cannot be set with {key} (TransformerConfig raises ValueError)")
+    for other in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if getattr(config, other):
+            fail(other, f"cannot be set with {key} (TransformerConfig raises ValueError)")
+    if config.is_hybrid or config.is_t5:
+        fail(key, "is not modelled for hybrid or T5 models (Megatron's argument checks reject "
+             "it with a hybrid pattern; layouts do not hold encoder layers)")
+    try:
+        layout = read_layout(config.pipeline_model_parallel_layout,
+                             config.pipeline_model_parallel_size, config.num_layers,
+                             config.mtp_depths)
+    except LayoutError as exc:
+        fail(key, str(exc))
+    vpp = config.virtual_pipeline_model_parallel_size
+    if vpp is not None and vpp != layout.virtual:
+        fail("virtual_pipeline_model_parallel_size", f"contradicts {key}: its {len(layout.chunks)} "
+             f"model chunks over {layout.stages} stages make {layout.virtual} per stage "
+             "(TransformerConfig asserts they match)")
+    config.virtual_pipeline_model_parallel_size = layout.virtual if layout.virtual > 1 else None
+
+
+def _check_virtual_needs_stages(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """Virtual chunks need more than one stage (parallel_state.initialize_model_parallel and
+    validate_args; qaudit's row names would also collide)."""
+    vpp = config.virtual_pipeline_model_parallel_size or 1
+    if vpp == 1 or config.pipeline_model_parallel_size > 1:
+        return
+    key = ("pipeline_model_parallel_layout" if config.pipeline_model_parallel_layout is not None
+           else hybrid.pattern_key(config) if config.is_hybrid
+           else "virtual_pipeline_model_parallel_size")
+    fail(key, f"makes {vpp} model chunks on one pipeline stage: Megatron raises "
+         "'pipeline-model-parallel size should be greater than 1 with interleaved schedule'")
+
+
+def _check_modelopt_spec(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """What Megatron raises when it builds the modelopt spec (docs/upstream-model.md)."""
+    if config.layer_spec != "modelopt":
+        return
+    if config.is_t5:
+        fail("layer_spec", "the modelopt spec builds GPT and hybrid models only (ModelOpt's "
+             "builder raises for other model types)")
+    if config.virtual_pipeline_model_parallel_size not in (None, 1):
+        fail("virtual_pipeline_model_parallel_size", "ModelOpt's builder raises 'ModelOpt "
+             "integration does not currently support virtual pipeline parallel'")
+    if config.multi_latent_attention and not config.is_hybrid:
+        # The spec sets q_layernorm/kv_layernorm modules on MLA; mla_qk_norm_config.py
+        # rejects them unless qk_layernorm is on and a q_lora_rank consumes the q norm.
+        if not config.qk_layernorm:
+            fail("multi_latent_attention", "the modelopt spec gives MLA explicit q/kv norms, "
+                 "which Megatron rejects without qk_layernorm (ValueError: 'qk_layernorm/"
+                 "qk_l2_norm are supposed to be disabled')")
+        if config.q_lora_rank is None:
+            fail("multi_latent_attention", "the modelopt spec gives MLA an explicit q norm, "
+                 "which Megatron rejects without q_lora_rank (ValueError: the q norm 'will not "
+                 "be used')")
 
 
 # What one audit may build: every layer and every expert is a real module (only widths

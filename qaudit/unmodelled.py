@@ -71,8 +71,6 @@ UNMODELLED: dict[str, Unmodelled] = {
     "heterogeneous_block_specs": Unmodelled(
         "heterogeneous layer configs (per-layer shapes) are not modelled"),
     "mtp_standalone": Unmodelled("MTP placed in its own pipeline stage is not modelled"),
-    "pipeline_model_parallel_layout": Unmodelled(
-        "explicit pipeline layouts are not modelled: the audit runs without pipelining"),
     "microbatch_group_size_per_vp_stage": Unmodelled(
         "the interleaved schedule's microbatch grouping is not modelled", _above_one),
     "use_transformer_engine_op_fuser": Unmodelled(
@@ -85,8 +83,6 @@ UNMODELLED: dict[str, Unmodelled] = {
         "MoE latent projections (fc1/fc2_latent_proj) are not modelled"),
     "enable_mhc_connections": Unmodelled("hyper-connections are not modelled"),
     "mhc_recompute_layer_num": Unmodelled("hyper-connection recompute is not modelled"),
-    "mla_down_proj_fusion": Unmodelled(
-        "the fused MLA down-projection (linear_qkv_down_proj) is not modelled"),
     "transformer_impl": Unmodelled("only transformer_engine layers are modelled",
                                    lambda v: v not in (None, "transformer_engine")),
     # CUDA graphs: per-layer graphs are modelled (qaudit/megatron/graphs.py), this is not.

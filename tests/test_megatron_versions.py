@@ -220,6 +220,23 @@ def test_a_setting_the_named_release_lacks_is_refused(monkeypatch, capsys):
     assert code == 2 and "quant_recipe" in err and "0.16.0" in err
 
 
+def test_values_qaudit_derives_are_not_settings_an_old_release_lacks(monkeypatch, capsys):
+    # moe_ffn_hidden_size (0.10.0) is derived from ffn_hidden_size, not written by the user.
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                  "--megatron", "0.5.0")
+    assert code == 0 and "policy: always-rearm" in out
+
+
+def test_a_launch_flag_the_named_release_lacks_is_refused(monkeypatch, capsys, tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun pretrain_gpt.py --num-layers 4 --hidden-size 256 \\\n"
+                      "  --num-attention-heads 4 --mtp-num-layers 2 --mtp-use-repeated-layer\n")
+    code, _, err = run_in_process(monkeypatch, capsys, "check", str(script), "--megatron", "0.16.1")
+    assert code == 2 and "mtp_use_repeated_layer" in err and "0.17.0" in err
+    code, _, _ = run_in_process(monkeypatch, capsys, "check", str(script), "--megatron", "0.17.0")
+    assert code == 1  # BF16 repeated MTP under 0.17.0 (pre-5642): stale flag, QA001
+
+
 def test_diff_takes_megatron_too(monkeypatch, capsys):
     code, out, _ = run_in_process(monkeypatch, capsys, "diff", "configs/gpt-small-bf16.yaml",
                                   "configs/gpt-mtp-bf16.yaml", "--megatron", "main", "--format", "json")
@@ -245,5 +262,10 @@ def test_installed_megatron_core_0_19_2_is_read_as_legacy(monkeypatch, capsys):
     assert target.behaviour == KNOWN["0.19.2"] and target.note is None
     monkeypatch.syspath_prepend(str(root))
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-mtp-bf16.yaml")
-    assert code == 1 and f"megatron: megatron-core 0.19.2 (installed: {root})" in out
+    assert code == 1 and "megatron: megatron-core 0.19.2 (installed:" in out
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-mtp-bf16.yaml",
+                                  "--format", "json")
+    assert code == 1 and json.loads(out)["megatron"] == {
+        "source": "installed", "version": "0.19.2", "policy": "legacy",
+        "label": "megatron-core 0.19.2", "location": str(root), "note": None}
     assert not any(name == "megatron" or name.startswith("megatron.") for name in sys.modules)

@@ -180,15 +180,17 @@ class TELMHeadColumnParallelLinear(TEWrapper):
 
 
 class ColumnParallelLinear(AuditedModule):
-    """Megatron's non-TE linear (the usual output layer): with fusion it always accumulates."""
+    """Megatron's non-TE linear (the usual output layer; every linear of the modelopt spec):
+    with fusion it always accumulates. Never bound to a recipe, never quantized by TE."""
 
     upstream_class = "ColumnParallelLinear"
     is_te = False
+    fused_wgrad = True  # Megatron's own linears fuse wgrad accumulation when the config does
 
     def __init__(self, in_features: int, out_features: int, config: ModelConfig,
-                 session: Session, own_weight: bool) -> None:
+                 session: Session, own_weight: bool = True) -> None:
         super().__init__(config, session)
-        self.fuse = config.gradient_accumulation_fusion
+        self.fuse = config.gradient_accumulation_fusion and self.fused_wgrad
         self.wgrad_listener = None
         if own_weight:
             weight = torch.empty(out_features, in_features)
@@ -208,7 +210,21 @@ class ColumnParallelLinear(AuditedModule):
                     "plan": WgradPlan(self.fuse, True), "listener": self.wgrad_listener}
             return gemm(x, weight, meta)
 
-        return self._record(None, None, run)
+        # A TE autocast around it (a decoder layer's) does not reach a plain matmul.
+        with self.session.runtime.autocast(None):
+            return self._record(None, None, run)
 
     def finish_init(self, fqn: str, recipe: QuantRecipe | None, match_name: str | None = None) -> None:
         self.fqn, self.match_name = fqn, match_name or fqn  # never bound: not a TE module
+
+
+class RowParallelLinear(ColumnParallelLinear):
+    upstream_class = "RowParallelLinear"
+
+
+class ModelOptLinear(ColumnParallelLinear):
+    """The modelopt spec's `Linear` (a torch.nn.Linear): autograd writes `.grad`, which
+    Megatron's DDP then adds into main_grad; no fused accumulation."""
+
+    upstream_class = "Linear"
+    fused_wgrad = False

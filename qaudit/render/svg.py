@@ -17,6 +17,7 @@ KINDS = (
     ("self_attention.linear_qkv", "qkv"),
     ("self_attention.linear_q_proj", "q"),
     ("self_attention.linear_kv_proj", "kv"),
+    ("self_attention.linear_qkv_down_proj", "qkv down"),  # mla_down_proj_fusion
     ("self_attention.linear_q_down_proj", "q down"),
     ("self_attention.linear_q_up_proj", "q up"),
     ("self_attention.linear_kv_down_proj", "kv down"),

@@ -111,6 +111,8 @@ _MODELLED: dict[str, Modelled] = {
     "--decoder-last-pipeline-num-layers": Modelled("num_layers_in_last_pipeline_stage", to_int),
     "--account-for-embedding-in-pipeline-split": Modelled("account_for_embedding_in_pipeline_split"),
     "--account-for-loss-in-pipeline-split": Modelled("account_for_loss_in_pipeline_split"),
+    # validate_args derives the virtual pipeline size from it (config does, as TransformerConfig).
+    "--pipeline-model-parallel-layout": Modelled("pipeline_model_parallel_layout", to_str),
     # Multi-latent attention (translate fills the CLI defaults of the two ranks).
     "--multi-latent-attention": Modelled("multi_latent_attention"),
     "--q-lora-rank": Modelled("q_lora_rank", to_int),
@@ -118,6 +120,8 @@ _MODELLED: dict[str, Modelled] = {
     "--qk-head-dim": Modelled("qk_head_dim", to_int),
     "--qk-pos-emb-head-dim": Modelled("qk_pos_emb_head_dim", to_int),
     "--v-head-dim": Modelled("v_head_dim", to_int),
+    "--qk-layernorm": Modelled("qk_layernorm"),
+    "--mla-down-proj-fusion": Modelled("mla_down_proj_fusion"),
     "--use-megatron-fsdp": Modelled("use_megatron_fsdp"),
     # Hybrid (Mamba) models: translate derives num_layers, MTP depths and virtual pipelining
     # from the pattern and handles --hybrid-override-pattern / --mtp-hybrid-override-pattern.
@@ -197,8 +201,7 @@ UNMODELLED: dict[str, Unmodelled] = {
         _PIPELINE, unless_modelled="account_for_embedding_in_pipeline_split"),
     "--account-for-loss-in-pipeline-split": Unmodelled(
         _PIPELINE, unless_modelled="account_for_loss_in_pipeline_split"),
-    # Multi-latent attention: modelled when qaudit.config models it (see note_for); the fused
-    # down-projection (linear_qkv_down_proj) is not.
+    # Multi-latent attention: modelled when qaudit.config models it (see note_for).
     "--multi-latent-attention": Unmodelled(_MLA, unless_modelled=_MLA_FIELD),
     "--q-lora-rank": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
     "--kv-lora-rank": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),

@@ -49,6 +49,7 @@ class BreakLoop(Exception):
 class Launch:
     line: int
     argv: list[Word]  # the words after the entry script
+    script: Word | None = None  # the entry script itself (which model it builds: sources.entry)
 
 
 @dataclass
@@ -425,7 +426,7 @@ class Interpreter:
             if base.endswith(".py") and (i == 0 or any(
                     w.text.rsplit("/", 1)[-1] in LAUNCHERS or w.text.startswith("python")
                     for w in words[:i])):
-                self.launches.append(Launch(line, words[i + 1:]))
+                self.launches.append(Launch(line, words[i + 1:], word))
                 return True
         return False
 

@@ -25,7 +25,7 @@ MAIN = "main"
 # model_parallel_config.py of each wheel.
 FIELD_SINCE: dict[str, str] = {
     "moe_grouped_gemm": "0.5.0", "moe_router_topk": "0.5.0",
-    "disable_parameter_transpose_cache": "0.6.0",
+    "disable_parameter_transpose_cache": "0.6.0", "qk_layernorm": "0.6.0",
     "moe_layer_recompute": "0.7.0",
     "moe_ffn_hidden_size": "0.10.0", "moe_shared_expert_intermediate_size": "0.10.0",
     "moe_layer_freq": "0.10.0", "multi_latent_attention": "0.10.0", "q_lora_rank": "0.10.0",
@@ -39,8 +39,9 @@ FIELD_SINCE: dict[str, str] = {
     "recompute_modules": "0.12.0", "mamba_state_dim": "0.12.0", "mamba_head_dim": "0.12.0",
     "mamba_num_groups": "0.12.0",
     "use_kitchen": "0.13.0", "mamba_num_heads": "0.13.0",
+    "pipeline_model_parallel_layout": "0.13.0",
     "fp4": "0.15.0", "fp4_recipe": "0.15.0",
-    "mtp_use_repeated_layer": "0.17.0",
+    "mtp_use_repeated_layer": "0.17.0", "mla_down_proj_fusion": "0.17.0",
     "fp8_output_proj": "0.18.0",
     # TE settings (docs/te-settings.md).
     "enable_cuda_graph": "0.7.0", "external_cuda_graph": "0.9.0", "cuda_graph_scope": "0.12.0",

@@ -91,9 +91,11 @@ _DEFAULTS = {f.name: f.default for f in fields(ModelConfig)}
 def check_config_runs_on(config: ModelConfig, target: MegatronTarget) -> None:
     """A config that sets what the target Megatron does not have cannot run there: exit 2,
     rather than a verdict about a run that cannot happen."""
+    written = config.source.mapping if config.source is not None else {}
     for name in sorted(target.behaviour.missing_fields):
-        value = getattr(config, name)
-        if value == _DEFAULTS.get(name):
+        # Only what the input sets: values qaudit derives (moe_ffn_hidden_size from
+        # ffn_hidden_size, ...) are not settings the user's Megatron would be given.
+        if name not in written or getattr(config, name) == _DEFAULTS.get(name):
             continue
         raise InputError(f"{name} is set, but {_whose(target)} has no such setting (it came in "
                          f"megatron-core {FIELD_SINCE[name]}); {CHOOSE_HINT}",
