@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from qaudit.render.common import (calls_text, collapse_names, format_error, group_findings,
-                                  group_rows, location, megatron_text, policy_text,
+                                  group_rows, location, megatron_text, policy_text, te_text,
                                   severity_counts, short_type, summary_counts,
                                   suppressed_findings)
 from qaudit.report import Report
@@ -55,6 +55,9 @@ def _context(report: Report) -> str:
     megatron = megatron_text(report)
     if megatron:
         bits.append(f"for {escape(megatron)}")
+    te = te_text(report)
+    if te:
+        bits.append(f"with {escape(te)}")
     return " · ".join(bits)
 
 
