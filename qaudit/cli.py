@@ -59,6 +59,10 @@ MEGATRON_HELP = ("The Megatron the verdict is for. auto (default): the Megatron 
                  "would import, its behaviour read from its code (never imported); with none, "
                  "the newest megatron-core release qaudit knows, said in the report. main: "
                  "Megatron-LM main. VERSION: a megatron-core release (0.5.0 ... 0.19.2).")
+TE_HELP = ("The Transformer Engine behaviour the verdict is for. auto (default): the version of "
+           "the TE this Python would import, read from its package metadata (TE is not "
+           "imported); with none, the newest TE release qaudit knows, said in the report. "
+           "main: TE main (2.20.0.dev0). VERSION: a TE release (1.9 ... 2.20.2).")
 POLICY_HELP = ("Override the tracking behaviour of --megatron: legacy (megatron-core 0.19), "
                "pre-5642 (0.9-0.18: a quant_recipe alone does not re-arm), always-rearm "
                "(0.5-0.8), config (main, PR #6965), module (PR #7353).")
@@ -84,6 +88,7 @@ def check(
                                                    "number); repeatable."),
     megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION",
                                  help=MEGATRON_HELP),
+    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION", help=TE_HELP),
     policy: Optional[Policy] = typer.Option(None, help=POLICY_HELP),
     steps: int = typer.Option(2, min=1, max=100, help="Training steps to run."),
     microbatches: int = typer.Option(2, min=1, max=64, help="Microbatches per step."),
@@ -142,7 +147,7 @@ def check(
             distributed.join(world)
     except EnvironmentProblem as exc:
         _fail(f"error: {exc}", EXIT_INTERNAL)
-    options = AuditOptions(policy=policy.value if policy else None, megatron=megatron,
+    options = AuditOptions(policy=policy.value if policy else None, megatron=megatron, te=te,
                            steps=steps, microbatches=microbatches,
                            runtime=runtime.value, device=device.value if device else None,
                            seed=seed, evaluation=evaluation, verify=verify,
@@ -241,6 +246,8 @@ def diff(
     recipe_head: Optional[str] = typer.Option(None, "--recipe-head", help="Quant recipe for HEAD."),
     megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION",
                                  help="The Megatron both audits are for (as for check)."),
+    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION",
+                           help="The Transformer Engine both audits are for (as for check)."),
     policy: Optional[Policy] = typer.Option(None, help="Tracking policy for both audits, over "
                                             "the Megatron's own."),
     steps: int = typer.Option(2, min=1, max=100, help="Training steps to run."),
@@ -262,10 +269,11 @@ def diff(
     from qaudit.render import parse_outputs
 
     from qaudit.upstream.target import resolve_megatron
+    from qaudit.upstream.te import resolve_te
 
     try:
         options = AuditOptions(policy=policy.value if policy else None,
-                               megatron=resolve_megatron(megatron), steps=steps,
+                               megatron=resolve_megatron(megatron), te=resolve_te(te), steps=steps,
                                microbatches=microbatches, runtime=runtime.value, seed=seed)
         outputs = parse_outputs(output, tuple(f.value for f in DiffFormat))
         result = diff_reports(load_side(base, recipe_base, options),

@@ -11,6 +11,7 @@ from qaudit.errors import InputError
 from qaudit.megatron.hybrid_pattern import MOE, HybridPattern, parse_pattern
 from qaudit.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
 from qaudit.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
+from qaudit.unmodelled import HYBRID_WITHOUT_PATTERN, note_for_setting
 from qaudit.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
 
 
@@ -97,6 +98,19 @@ class ModelConfig:
     # `encoder_config.num_layers`). Set, it makes the model a T5Model whose decoder has
     # `num_layers` layers. See qaudit/t5.py.
     encoder_num_layers: int | None = None
+    # Settings that change what TE does (docs/te-settings.md): delayed weight gradients,
+    # per-layer CUDA graphs (the deprecated switches and scope name as upstream translates
+    # them), primary quantized weights, and Megatron's --freeze-all-layers (an argument, not
+    # a TransformerConfig field).
+    delay_wgrad_compute: bool = False
+    cuda_graph_impl: str = "none"
+    enable_cuda_graph: bool = False
+    external_cuda_graph: bool = False
+    cuda_graph_modules: str | list[str] | None = None
+    cuda_graph_scope: str | list[str] | None = None
+    fp8_param: bool = False
+    fp4_param: bool = False
+    freeze_all_layers: bool = False
     # Which layer spec builds the model (qaudit's own key, not a TransformerConfig field):
     # "te", Megatron's TE spec, or "modelopt", the spec of Megatron's ModelOpt builder
     # (Megatron's own linears). The flag route sets it from the entry point
@@ -180,6 +194,27 @@ class ModelConfig:
     @property
     def file(self) -> str | None:
         return self.source.file if self.source else None
+
+    @property
+    def graph_impl(self) -> str:
+        """The CUDA-graph implementation after upstream's translation of the deprecated
+        switches (TransformerConfig.__post_init__): none, local, transformer_engine or
+        full_iteration."""
+        if self.enable_cuda_graph:
+            return "local"
+        if self.external_cuda_graph:
+            return "transformer_engine"
+        if "full_iteration" in self.graph_modules():
+            return "full_iteration"
+        return self.cuda_graph_impl
+
+    def graph_modules(self) -> list[str]:
+        """The capture scopes (cuda_graph_modules, or the deprecated cuda_graph_scope); empty
+        means whole layers, as upstream turns "full" into an empty list."""
+        value = self.cuda_graph_scope if self.cuda_graph_scope is not None \
+            else self.cuda_graph_modules
+        items = value if isinstance(value, list) else [] if value is None else [value]
+        return [item for item in items if item != "full"]
 
 
 @dataclass
@@ -290,6 +325,22 @@ def _pattern(key: str, value: Any) -> Any:
     return value
 
 
+_GRAPH_MODULES = ("full", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba",
+                  "full_iteration", "full_iteration_inference")
+
+
+def _graph_modules(key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if item not in _GRAPH_MODULES:
+            hint = did_you_mean(item, _GRAPH_MODULES) if isinstance(item, str) else ""
+            raise ValueError(f"unknown CUDA graph scope {short_repr(item)}{hint}; expected "
+                             f"some of {', '.join(_GRAPH_MODULES)}")
+    return list(value) if isinstance(value, list) else value
+
+
 def _layout(key: str, value: Any) -> Any:
     if value is None or isinstance(value, str):
         return value
@@ -371,6 +422,15 @@ _CHECKS: dict[str, Check] = {
     "mamba_num_groups": _POSITIVE,
     "mamba_num_heads": _optional(_POSITIVE),
     "encoder_num_layers": _optional(_POSITIVE),
+    "delay_wgrad_compute": _bool,
+    "cuda_graph_impl": _choice("none", "local", "transformer_engine", "full_iteration"),
+    "enable_cuda_graph": _bool,
+    "external_cuda_graph": _bool,
+    "cuda_graph_modules": _graph_modules,
+    "cuda_graph_scope": _graph_modules,
+    "fp8_param": _bool,
+    "fp4_param": _bool,
+    "freeze_all_layers": _bool,
     "layer_spec": _choice("te", "modelopt"),
 }
 MODELLED_FIELDS = frozenset(f.name for f in fields(ModelConfig) if f.name != "source")
@@ -396,12 +456,17 @@ def load_model_config(path: Path, display: str | None = None) -> ModelConfig:
     return config_from_mapping(mapping, ConfigSource(display, path, mapping))
 
 
-def config_from_mapping(mapping: YamlMap, source: ConfigSource) -> ModelConfig:
+def config_from_mapping(mapping: YamlMap, source: ConfigSource,
+                        note_settings: bool = True) -> ModelConfig:
+    """`note_settings`: add a QA090 note for each setting in the unmodelled table
+    (qaudit/unmodelled.py); the flag routes have noted their flags already."""
     values: dict[str, Any] = {}
     for key, value in mapping.items():
         line = mapping.line_of(key)
         if not isinstance(key, str):
             raise InputError("field names must be strings", file=source.file, line=line, key=str(key))
+        if note_settings and key in MODELLED_FIELDS | ACCEPTED_FIELDS:
+            _note_setting(source, key, value, line)
         if key in _CHECKS:
             try:
                 values[key] = _CHECKS[key](key, value)
@@ -413,6 +478,9 @@ def config_from_mapping(mapping: YamlMap, source: ConfigSource) -> ModelConfig:
     for key in REQUIRED_FIELDS:
         if key not in values and not (key == "num_layers" and hybrid.counts_layers(values)):
             raise InputError("required field is missing", file=source.file, line=mapping.line, key=key)
+    if note_settings and mapping.get("is_hybrid_model") is True and not hybrid.counts_layers(values):
+        source.notes.append(SourceNote(f"is_hybrid_model true: {HYBRID_WITHOUT_PATTERN}",
+                                       mapping.line_of("is_hybrid_model"), "is_hybrid_model"))
     given = set(values)
     values.setdefault("num_layers", 0)  # a hybrid pattern gives it (hybrid.resolve)
     config = ModelConfig(**values, source=source)
@@ -421,6 +489,29 @@ def config_from_mapping(mapping: YamlMap, source: ConfigSource) -> ModelConfig:
     _fill_defaults(config)
     _validate(config)
     return config
+
+
+def setting_text(value: Any) -> str:
+    """A setting's value as the user would write it in YAML."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return short_repr(value, 40)[1:-1]
+    if isinstance(value, list):
+        return "[" + ", ".join(setting_text(v) for v in value[:8]) + (", ..." if len(value) > 8 else "") + "]"
+    return short_repr(value, 40)
+
+
+def _note_setting(source: ConfigSource, key: str, value: Any, line: int | None) -> None:
+    why = note_for_setting(key, value)
+    if why is None:
+        return
+    if key == "transformer_impl" and value == "local":
+        # As on the command line (qaudit/sources/translate.py): nothing to audit.
+        raise InputError("transformer_impl local: no TE modules, nothing to audit",
+                         file=source.file, line=line, key=key)
+    shown = setting_text(value)
+    source.notes.append(SourceNote(f"{key} {shown}: {why}", line, key))
 
 
 def _fill_defaults(config: ModelConfig) -> None:
@@ -502,6 +593,7 @@ def _validate(config: ModelConfig) -> None:
     if config.quant_recipe is not None and config.use_kitchen:
         fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
              "recipe together with --te-precision-config-file)")
+    _validate_te_settings(config, fail)
     _apply_layout(config, fail)
     _check_modelopt_spec(config, fail)
     hybrid.validate(config, fail)
@@ -511,6 +603,23 @@ def _validate(config: ModelConfig) -> None:
     from qaudit.megatron.pipeline import pipeline_layout
 
     pipeline_layout(config)  # raises InputError on a split Megatron would reject
+
+
+def _validate_te_settings(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """What TransformerConfig.__post_init__ rejects about the TE settings qaudit models."""
+    if config.fp8_param and not config.fp8:
+        fail("fp8_param", "fp8_param must be used together with fp8 (TransformerConfig rejects it)")
+    if config.fp4_param and not config.fp4:
+        fail("fp4_param", "fp4_param must be used together with fp4 (TransformerConfig rejects it)")
+    for key in ("enable_cuda_graph", "external_cuda_graph"):
+        if getattr(config, key) and config.cuda_graph_impl != "none":
+            fail(key, "cannot be combined with cuda_graph_impl (TransformerConfig rejects it; "
+                 "the switch is the deprecated spelling of cuda_graph_impl)")
+    if config.enable_cuda_graph and config.external_cuda_graph:
+        fail("external_cuda_graph", "enable_cuda_graph and external_cuda_graph cannot both be set")
+    if config.cuda_graph_scope is not None and config.cuda_graph_modules not in (None, "full", []):
+        fail("cuda_graph_scope", "cuda_graph_scope and cuda_graph_modules cannot be set together "
+             "(cuda_graph_scope is the deprecated name)")
 
 
 def _apply_layout(config: ModelConfig, fail: Callable[[str, str], None]) -> None:

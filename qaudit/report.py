@@ -76,6 +76,9 @@ class Report:
     # source, version, policy (its behaviour; `policy` above is the one audited), label,
     # location, note. None in reports written before qaudit knew Megatron versions.
     megatron: dict[str, Any] | None = None
+    # The Transformer Engine behaviour audited for (qaudit/upstream/te.py TETarget.to_dict()):
+    # source, version, label, overwrite_main_grad, location, note. None in older reports.
+    te: dict[str, Any] | None = None
     # --cross-check: the comparison with the installed Megatron (qaudit.crosscheck.CrossCheck
     # .to_dict(): megatron, modules_compared, differences, ...).
     cross_check: dict[str, Any] | None = None
@@ -95,6 +98,7 @@ class Report:
             "runtime": self.runtime,
             "policy": self.policy,
             **({"megatron": self.megatron} if self.megatron is not None else {}),
+            **({"te": self.te} if self.te is not None else {}),
             "config": self.config,
             "recipe": self.recipe,
             "steps": self.steps,
@@ -131,9 +135,12 @@ def precision_of(records: list[CallRecord]) -> str:
 
 
 def tracked_of(records: list[CallRecord], is_te: bool, rearmed: bool) -> str:
-    """yes: re-armed each step; stale: only true after construction; no: always None."""
+    """yes: re-armed each step; stale: only true after construction; no: always None;
+    graph: inside a per-layer CUDA graph (qaudit/megatron/graphs.py)."""
     if not is_te:
         return "-"
+    if any(r.graph for r in records):
+        return "graph"  # replayed from a CUDA graph: the capture fixed what TE sees
     if all(r.flag is None for r in records):
         return "no"
     return "yes" if rearmed else "stale"

@@ -299,6 +299,23 @@ def megatron_text(report: Report) -> str | None:
     return printable(f"{label} ({how})")
 
 
+def te_text(report: Report) -> str | None:
+    """Which Transformer Engine behaviour the verdict is for: `Transformer Engine 2.20.2
+    (assumed: ...)`. None for reports written before qaudit named it."""
+    target = getattr(report, "te", None)
+    if not isinstance(target, dict):
+        return None
+    label = str(target.get("label") or target.get("version") or "?")
+    source, note = target.get("source"), target.get("note")
+    if source == "installed":
+        how = f"installed: {target.get('location')}" + (f"; {note}" if note else "")
+    elif source == "named":
+        how = "named with --te"
+    else:
+        how = "assumed" + (f": {note}" if note else "")
+    return printable(f"{label} ({how})")
+
+
 def policy_text(report: Report) -> str:
     """The audited tracking policy; says so when --policy overrode the Megatron's own."""
     target = getattr(report, "megatron", None)

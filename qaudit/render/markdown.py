@@ -10,7 +10,7 @@ import re
 from qaudit.render.common import (calls_text, collapse_names, cross_check_line, format_error,
                                   group_findings, group_rows, location, megatron_text,
                                   policy_text, severity_counts, short_type, summary_counts,
-                                  suppressed_findings)
+                                  suppressed_findings, te_text)
 from qaudit.report import Report
 from qaudit.upstream.releases import policy_versions
 
@@ -55,6 +55,9 @@ def _context(report: Report) -> str:
     megatron = megatron_text(report)
     if megatron:
         bits.append(f"for {escape(megatron)}")
+    te = te_text(report)
+    if te:
+        bits.append(f"with {escape(te)}")
     return " · ".join(bits)
 
 

@@ -193,4 +193,6 @@ def render_svg(report: Report, exit_code: int) -> str:
 
 def _megatron_label(report: Report) -> str:
     target = getattr(report, "megatron", None)
-    return f"for {target.get('label')} · " if isinstance(target, dict) else ""
+    te = getattr(report, "te", None)
+    return ((f"for {target.get('label')} · " if isinstance(target, dict) else "")
+            + (f"{te.get('label')} · " if isinstance(te, dict) else ""))

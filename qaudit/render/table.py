@@ -13,7 +13,7 @@ from typing import Callable
 
 from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_names, cross_check_line,
                                   format_error, group_findings, group_rows, location,
-                                  megatron_text, policy_text, short_type, summary_line,
+                                  megatron_text, policy_text, te_text, short_type, summary_line,
                                   suppressed_findings)
 from qaudit.report import Report
 from qaudit.upstream.releases import policy_versions
@@ -55,6 +55,9 @@ def _header(report: Report, width: int) -> list[str]:
     megatron = megatron_text(report)
     if megatron:
         lines.extend(_wrap(f"megatron: {megatron}", width, "", "  "))
+    te = te_text(report)
+    if te:
+        lines.extend(_wrap(f"te: {te}", width, "", "  "))
     config = f"config: {report.config}"
     recipe = f"recipe: {report.recipe}" if report.recipe else ""
     if recipe and len(config) + 3 + len(recipe) <= width:

@@ -54,7 +54,8 @@ def load_source_config(path: Path, display: str,
     source = ConfigSource(display, path, result.mapping, notes + result.notes, argv=list(words),
                           environment=environment)
     try:
-        return config_from_mapping(result.mapping, source)
+        # Every flag was checked against the unmodelled table already (translate).
+        return config_from_mapping(result.mapping, source, note_settings=False)
     except InputError as exc:
         # Name the flag the user wrote rather than the TransformerConfig field.
         raise InputError(exc.message, file=exc.file, line=exc.line,

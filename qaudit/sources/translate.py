@@ -21,6 +21,7 @@ from qaudit.sources.t5_flags import apply_t5
 from qaudit.sources.megatron_flags import to_int
 from qaudit.sources.tokens import External
 from qaudit.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
+from qaudit.unmodelled import UNMODELLED, field_of_dest, note_for_setting
 from qaudit.yamlio import YamlMap, short_repr
 
 REQUIRED_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads")
@@ -130,6 +131,8 @@ class Translator:
 
     def classify(self, occurrence: Occurrence) -> None:
         flag = occurrence.flag
+        if self.note_setting(occurrence):
+            return
         note = flags.note_for(flag)
         if note is not None:
             if note.requires and not self.given(note.requires):
@@ -144,6 +147,27 @@ class Translator:
                 and not known_modelopt_flag(flag):
             self.note(f"{flag}: not an option of Megatron-LM's training parser (commit "
                       f"{PARSER_COMMIT[:8]}); the audit ignores it", occurrence.line, flag)
+
+    def note_setting(self, occurrence: Occurrence) -> bool:
+        """A flag that sets a config field or argument in the shared table of unmodelled
+        settings gets that table's warning (the same as the YAML route's). True when the flag
+        is in the table (noted or not)."""
+        flag = occurrence.flag
+        if flag not in UPSTREAM_FLAGS:
+            return False
+        dest, kind = UPSTREAM_FLAGS[flag]
+        name = field_of_dest(dest)
+        if name not in UNMODELLED:
+            return False
+        texts = [v.text if v.known else "<unknown>" for v in occurrence.values]
+        known = all(v.known for v in occurrence.values) and not occurrence.word.condition
+        why = UNMODELLED[name].why
+        if known:
+            why = note_for_setting(name, flag_value(kind, texts))
+        if why is not None:
+            shown = f"{flag} {short_repr(' '.join(texts), 40)[1:-1]}".rstrip()
+            self.note(f"{shown}: {why}", occurrence.line, flag)
+        return True
 
     def apply_special(self) -> None:
         if "hybrid_layer_pattern" in MODELLED_FIELDS:
@@ -260,6 +284,24 @@ class Translator:
                 fix = f" (set it with --set {external.name}=...)" if external.settable() else ""
                 self.note(f"{external.display()} may add flags the audit cannot see "
                           f"({external.why}){fix}", word.line, external.display())
+
+
+def flag_value(kind: str, texts: list[str]) -> Any:
+    """What argparse stores for a flag of this kind (qaudit/sources/upstream_flags.py), for the
+    shared table's predicates; a value it cannot convert stays text (the predicates then see a
+    value that is "on", so the warning is kept)."""
+    if kind == "T":
+        return True
+    if kind == "F":
+        return False
+    convert = {"i": int, "f": float}.get(kind[-1:], str)
+    try:
+        values = [convert(text) for text in texts]
+    except ValueError:
+        values = list(texts)
+    if kind[:1] in ("+", "*"):
+        return values
+    return values[0] if values else None
 
 
 def translate(argv: Argv, file: str, entry: Entry | None = None) -> Translation:
