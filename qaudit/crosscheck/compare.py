@@ -28,10 +28,12 @@ def _normal(field: str, value: object) -> str:
     return text
 
 
-def compare(ours: list[ModuleFacts], theirs: list[ModuleFacts], ran: bool) -> list[Difference]:
+def compare(ours: list[ModuleFacts], theirs: list[ModuleFacts], ran: bool,
+            built_only: frozenset[str] = frozenset()) -> list[Difference]:
     """Differences in qaudit's module order, then modules only upstream builds (its order).
-    `ran`: upstream's model was trained too, so the run's fields are compared."""
-    fields = [f for f in COMPARED if ran or f not in RUN_FIELDS]
+    `ran`: upstream's model was trained too, so the run's fields are compared, except for the
+    modules in `built_only`."""
+    construction = [f for f in COMPARED if f not in RUN_FIELDS]
     upstream = {facts.name: facts for facts in theirs}
     differences = []
     for facts in ours:
@@ -39,7 +41,7 @@ def compare(ours: list[ModuleFacts], theirs: list[ModuleFacts], ran: bool) -> li
         if other is None:
             differences.append(Difference(facts.name, "module", facts.upstream_class, ABSENT))
             continue
-        for field in fields:
+        for field in (COMPARED if ran and facts.name not in built_only else construction):
             mine, its = _normal(field, getattr(facts, field)), _normal(field, getattr(other, field))
             if mine != its:
                 differences.append(Difference(facts.name, field, mine, its))

@@ -104,8 +104,8 @@ def _cpu_substitutions(kwargs: dict[str, Any]) -> list[str]:
 
 
 def _cuda_graphs_off(cls: type) -> dict[str, Any]:
-    """Every CUDA-graph field at its default (off): graphs capture GPU work, and qaudit does
-    not model them either (QA090)."""
+    """Every CUDA-graph field at its default (off): capture needs a GPU. Modules qaudit runs
+    inside a graph are then compared as built (qaudit.crosscheck.cross_check)."""
     off = {}
     for spec in dataclasses.fields(cls):
         if "cuda_graph" in spec.name and spec.init:
