@@ -23,6 +23,11 @@ def megatron(monkeypatch) -> Path:
     if not (root / "megatron" / "core" / "__init__.py").is_file():
         pytest.fail(f"QAUDIT_TEST_MEGATRON_CORE={where} holds no megatron/core/")
     monkeypatch.syspath_prepend(str(root))
+    import importlib.util
+
+    if importlib.util.find_spec("numpy") is None:  # megatron-core's run-time dependency
+        pytest.fail(f"numpy is not importable beside {root}: megatron-core needs it "
+                    "(scripts/fetch-megatron DIR, or pip install --target DIR numpy)")
     return root
 
 
