@@ -58,6 +58,8 @@ class AuditOptions:
     allow_import: bool = False
     # Under torchrun: this process's rank, which runs pipeline stage `world.rank`.
     world: World | None = None
+    # --cross-check: also build and run the config with the installed Megatron and compare.
+    cross_check: bool = False
 
 
 @dataclass
@@ -381,7 +383,16 @@ def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
 
 
 def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions) -> Report:
+    location = None
+    if options.cross_check:
+        from qaudit.crosscheck import require_megatron
+
+        location = require_megatron()  # exit 2 before any work when there is none
     run = run_audit(config, recipe, options)
+    if location is not None:
+        from qaudit.crosscheck import cross_check
+
+        run.facts.cross_check = cross_check(config, recipe, run, options, location)
     findings = judge(run.facts)
     rows = run.rows
     if options.verify and not options.evaluation:
@@ -395,6 +406,8 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
                     steps=options.steps, microbatches=options.microbatches,
                     modules=rows, findings=findings,
                     megatron=megatron_target(options).to_dict(), te=te_target(options).to_dict())
+    if run.facts.cross_check is not None:
+        report.cross_check = run.facts.cross_check.to_dict()
     if options.compare_policies:
         report.policies = compare_policies(config, recipe, options, rows)
     if options.rank is not None:

@@ -129,6 +129,10 @@ def check(
     allow_import: bool = typer.Option(False, "--allow-import", help="Import and call the "
                                       "recipe's custom_recipe_factory (runs Python code the "
                                       "recipe names). Off by default: nothing is imported."),
+    cross_check: bool = typer.Option(False, "--cross-check", help="Also build and train the "
+                                     "config with the installed Megatron (megatron-core or a "
+                                     "checkout on PYTHONPATH) and report every module where "
+                                     "it differs from qaudit's model (rule QA030)."),
 ) -> None:
     """Build the model, run a few steps, and report every TE module. Exit 1 on errors.
 
@@ -148,7 +152,7 @@ def check(
                            runtime=runtime.value, device=device.value if device else None,
                            seed=seed, evaluation=evaluation, verify=verify,
                            compare_policies=compare_policies, allow_import=allow_import,
-                           full_size=full_size, rank=rank, world=world)
+                           full_size=full_size, rank=rank, world=world, cross_check=cross_check)
     # Under torchrun every rank reaches the same outcome and only rank 0 speaks.
     speaks = world is None or world.is_leader
     code = _check(config, recipe, options, set_values, output_format, fail_on, output, expand,
@@ -181,6 +185,9 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
         options = replace(options, variables=parse_assignments(set_values))
     except InputError as exc:
         return failed(f"error: {exc}", EXIT_USAGE)
+    if options.world is not None and options.cross_check:
+        return failed("error: --cross-check builds the installed Megatron in one process; run "
+                      "it without torchrun", EXIT_USAGE)
     if options.world is not None and options.verify:
         return failed("error: --verify replays the whole model in one process; run it without "
                       "torchrun", EXIT_USAGE)

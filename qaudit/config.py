@@ -232,6 +232,12 @@ class ConfigSource:
     path: Path
     mapping: YamlMap
     notes: list[SourceNote] = field(default_factory=list)
+    # Launch scripts and MODEL_ARGS files: Megatron's argv as qaudit read it (tokens.Word), so
+    # that --cross-check can hand the same words to upstream's own argument parser.
+    argv: list[Any] | None = None
+    # MODEL_ARGS files: the ENV_VARS the test runner exports (upstream's validate_args reads
+    # some of them).
+    environment: dict[str, str] = field(default_factory=dict)
 
     def line_of(self, key: str) -> int | None:
         if key in self.mapping.key_lines:

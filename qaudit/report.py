@@ -79,6 +79,9 @@ class Report:
     # The Transformer Engine behaviour audited for (qaudit/upstream/te.py TETarget.to_dict()):
     # source, version, label, overwrite_main_grad, location, note. None in older reports.
     te: dict[str, Any] | None = None
+    # --cross-check: the comparison with the installed Megatron (qaudit.crosscheck.CrossCheck
+    # .to_dict(): megatron, modules_compared, differences, ...).
+    cross_check: dict[str, Any] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
@@ -109,6 +112,7 @@ class Report:
             **({"suggestions": self.suggestions} if self.suggestions is not None else {}),
             **({"suppressed": [asdict(f) for f in self.suppressed]}
                if self.suppressed is not None else {}),
+            **({"cross_check": self.cross_check} if self.cross_check is not None else {}),
         }
 
 

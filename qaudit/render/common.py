@@ -324,3 +324,16 @@ def policy_text(report: Report) -> str:
         label = target.get("label") or target.get("version")
         return printable(f"{report.policy} (--policy; {label} behaves as {own})")
     return printable(str(report.policy))
+
+
+def cross_check_line(report: Report) -> str | None:
+    """--cross-check: what was compared with the installed Megatron, and how many differences."""
+    result = getattr(report, "cross_check", None)
+    if not result:
+        return None
+    what = "construction and a training run" if result.get("ran") else "construction only"
+    line = (f"cross-check: {result.get('modules_compared', 0)} modules compared with Megatron "
+            f"{result.get('megatron', 'unknown')} ({what}): "
+            f"{len(result.get('differences', []))} difference(s)")
+    not_covered = result.get("not_covered") or []
+    return line + (f"; not covered: {'; '.join(not_covered)}" if not_covered else "")

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 
-from qaudit.render.common import (calls_text, collapse_names, format_error, group_findings,
-                                  group_rows, location, megatron_text, policy_text, te_text,
-                                  severity_counts, short_type, summary_counts,
-                                  suppressed_findings)
+from qaudit.render.common import (calls_text, collapse_names, cross_check_line, format_error,
+                                  group_findings, group_rows, location, megatron_text,
+                                  policy_text, severity_counts, short_type, summary_counts,
+                                  suppressed_findings, te_text)
 from qaudit.report import Report
 from qaudit.upstream.releases import policy_versions
 
@@ -155,6 +155,9 @@ def _suggestions(suggestions) -> list[str]:
 
 def render_markdown(report: Report, exit_code: int, *, expand: bool = False) -> str:
     lines = [summary_line(report, exit_code), "", _context(report), ""]
+    cross_check = cross_check_line(report)
+    if cross_check:
+        lines.extend([escape(cross_check), ""])
     if report.findings:
         lines.extend(_findings(report, expand) + [""])
     suppressed = suppressed_findings(report)

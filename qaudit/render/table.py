@@ -11,7 +11,7 @@ import re
 import textwrap
 from typing import Callable
 
-from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_names,
+from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_names, cross_check_line,
                                   format_error, group_findings, group_rows, location,
                                   megatron_text, policy_text, te_text, short_type, summary_line,
                                   suppressed_findings)
@@ -251,6 +251,9 @@ def render_table(report: Report, exit_code: int, *, width: int = DEFAULT_WIDTH,
         lines.append("")
         lines.append(f"{len(suppressed)} finding(s) suppressed (baseline or `qaudit: ignore`); "
                      "--format json lists them")
+    cross_check = cross_check_line(report)
+    if cross_check:
+        lines.extend(_wrap(cross_check, text_width, "", "  "))
     code_style = "ok" if exit_code == 0 else "bad"
     summary = summary_line(report, exit_code)
     lines.append(summary[:summary.rindex("exit")] + paint(f"exit {exit_code}", code_style))

@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from qaudit.config import ModelConfig
 from qaudit.megatron.policies import TrackingPolicy
@@ -35,6 +35,7 @@ class AuditFacts:
         return [self.match_names.get(name, name) for name in self.te_modules]
     allow_import: bool = False  # --allow-import: custom recipe factories were imported
     custom_factories: dict[str, str] = field(default_factory=dict)  # factory -> what it gave
+    cross_check: Any = None  # --cross-check: qaudit.crosscheck.CrossCheck
 
     @cached_property
     def rows_by_name(self) -> dict[str, ModuleRow]:

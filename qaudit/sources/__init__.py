@@ -21,7 +21,8 @@ from qaudit.errors import InputError
 from qaudit.sources.argv import split_argv
 from qaudit.sources.entry import entry_of
 from qaudit.sources.launch_script import launch_script_words, looks_like_launch_script
-from qaudit.sources.model_args import model_args_words, read_model_args_file
+from qaudit.sources.model_args import (model_args_environment, model_args_words,
+                                       read_model_args_file)
 from qaudit.sources.translate import translate
 from qaudit.yamlio import read_text
 
@@ -31,6 +32,7 @@ def load_source_config(path: Path, display: str,
     """The config of a launch script or MODEL_ARGS file; None for any other file (plain
     TransformerConfig YAML, which the caller loads as before)."""
     variables = dict(variables or {})
+    environment: dict[str, str] = {}
     if not os.path.isfile(path):  # False, not OSError, for a name too long (read_text says why)
         return None
     if looks_like_launch_script(path.suffix, _first_line(path)):
@@ -43,12 +45,14 @@ def load_source_config(path: Path, display: str,
         if sections is None:
             return None  # not a MODEL_ARGS file: the plain TransformerConfig YAML route
         words, notes = model_args_words(sections, display, variables)
+        environment = model_args_environment(sections)
         script = None  # the functional-test recipe, not this file, names the entry script
     else:
         return None
     result = translate(split_argv(words), display, entry_of(script, display))
     _resolve_recipe(result.mapping, path, display)
-    source = ConfigSource(display, path, result.mapping, notes + result.notes)
+    source = ConfigSource(display, path, result.mapping, notes + result.notes, argv=list(words),
+                          environment=environment)
     try:
         # Every flag was checked against the unmodelled table already (translate).
         return config_from_mapping(result.mapping, source, note_settings=False)

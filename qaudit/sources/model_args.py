@@ -138,6 +138,11 @@ def _scalar_text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def model_args_environment(sections: dict[str, list[Entry]]) -> dict[str, str]:
+    """The file's ENV_VARS, as the runner exports them."""
+    return {e.key: _scalar_text(e.value) for e in sections.get("ENV_VARS", [])}
+
+
 def model_args_words(sections: dict[str, list[Entry]], file: str,
                      variables: Mapping[str, str]) -> tuple[list[Word], list[SourceNote]]:
     env_values = {e.key: _scalar_text(e.value) for e in sections.get("ENV_VARS", [])}

@@ -1,0 +1,195 @@
+"""`qaudit check --cross-check`: build the same config with the user's own Megatron code and
+compare it module by module with qaudit's model (docs/cross-check.md).
+
+Two builders hand over the same plain list of `ModuleFacts`: qaudit's own model (from the
+audit's run) and the user's Megatron (`upstream_build`, on CPU with the stand-in TE). The
+comparison is `compare.compare`; rule QA030 turns each difference into a finding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+from qaudit.crosscheck.compare import Difference, compare
+from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
+from qaudit.errors import EnvironmentProblem, InputError
+from qaudit.upstream.detect import MegatronLocation, locate_megatron
+
+if TYPE_CHECKING:
+    from qaudit.audit import AuditOptions, AuditRun
+    from qaudit.config import ModelConfig
+    from qaudit.recipe import QuantRecipe
+
+
+@dataclass
+class CrossCheck:
+    megatron: str  # the installed version ("unknown" when package_info.py does not say)
+    location: str  # where it was imported from
+    modules_compared: int
+    differences: list[Difference]
+    ran: bool  # upstream's forward and backward ran (else construction only)
+    not_covered: list[str] = field(default_factory=list)  # what the comparison left out, why
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"megatron": self.megatron, "location": self.location,
+                "modules_compared": self.modules_compared, "ran": self.ran,
+                "not_covered": list(self.not_covered),
+                "differences": [d.to_dict() for d in self.differences]}
+
+    def summary(self) -> str:
+        """The one line the table and Markdown reports print."""
+        what = "construction and a 2-step run" if self.ran else "construction only"
+        return (f"cross-check: {self.modules_compared} modules compared with Megatron "
+                f"{self.megatron} ({what}): {len(self.differences)} difference(s)")
+
+
+def require_megatron() -> MegatronLocation:
+    """The Megatron on sys.path, or exit 2 (before any audit work) saying there is none."""
+    location = locate_megatron()
+    if location is None:
+        raise InputError("--cross-check needs the Megatron you train with: no megatron/core/ on "
+                         "sys.path (pip install megatron-core, or put a Megatron-LM checkout on "
+                         "PYTHONPATH)")
+    return location
+
+
+@contextlib.contextmanager
+def _quiet_megatron() -> Iterator[None]:
+    """Megatron logs warnings at build (deprecations, defaults); the report is the output."""
+    logger = logging.getLogger("megatron")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _not_built_here(config: "ModelConfig") -> str | None:
+    """Models the upstream builder does not build yet: said in the report, never compared
+    against the wrong upstream class."""
+    if config.is_hybrid:
+        return "hybrid (Mamba) models: upstream's HybridModel is not built by the cross-check yet"
+    if config.is_t5:
+        return "encoder-decoder (T5) models: upstream's T5Model is not built by the cross-check yet"
+    return None
+
+
+def _upstream_input(config: "ModelConfig", recipe: "QuantRecipe | None",
+                    not_covered: list[str]) -> Any:
+    """What to build: from the YAML's TransformerConfig fields, or from upstream's own
+    argument parsing of a launch script's or MODEL_ARGS file's words. A string: upstream's
+    argument checks refused the command line (why)."""
+    from qaudit.crosscheck import upstream_build, upstream_config
+
+    argv = config.source.argv if config.source else None
+    if argv is None:
+        classes = upstream_build.upstream_classes()
+        mla = classes["MLATransformerConfig"]
+        return upstream_config.from_yaml(
+            config, recipe.file if recipe else None,
+            upstream_config.dataclass_fields(classes["TransformerConfig"]),
+            upstream_config.dataclass_fields(mla) if mla else set())
+    words, dropped = upstream_config.argv_strings(argv)
+    if dropped:
+        not_covered.append("flags passed only under a condition the script leaves open")
+    try:
+        upstream, args = upstream_config.from_arguments(config, words,
+                                                        config.source.environment)
+    except upstream_config.ArgumentsRejected as exc:
+        return str(exc)
+    spec = getattr(args, "spec", None)
+    if spec:
+        not_covered.append(f"--spec {' '.join(spec)}: compared with the TE layer spec")
+    return upstream
+
+
+def qaudit_facts(run: "AuditRun") -> list[ModuleFacts]:
+    """qaudit's own model as the same plain list: its rows plus each wrapper's answer to
+    will_execute_quantized in training mode."""
+    wrappers = {m.fqn: m for m in run.model.audited_modules()}
+    facts = []
+    for row in run.rows:
+        module = wrappers.get(row.name)
+        method = getattr(module, "will_execute_quantized", None)
+        training = module.training if module is not None else True
+        if module is not None:
+            module.training = True
+        try:
+            label = will_execute_label(method)
+        finally:
+            if module is not None:
+                module.training = training
+        facts.append(ModuleFacts(
+            name=row.name, upstream_class=row.type, recipe=row.recipe,
+            will_execute_quantized=label, precision=row.precision, tracked=row.tracked,
+            accumulation=row.accumulation, calls_per_microbatch=row.calls_per_microbatch,
+            nograd_calls_per_microbatch=row.nograd_calls_per_microbatch))
+    return facts
+
+
+def cross_check(config: "ModelConfig", recipe: "QuantRecipe | None", run: "AuditRun",
+                options: "AuditOptions", location: MegatronLocation) -> CrossCheck:
+    import torch
+
+    from qaudit.crosscheck import upstream_build, upstream_config
+    from qaudit.crosscheck.environment import real_te_available, upstream_environment
+
+    not_covered: list[str] = []
+    version = location.version or "unknown"
+    unsupported = _not_built_here(config)
+    if unsupported:
+        return CrossCheck(version, str(location.root), 0, [], False, [unsupported])
+    train = not options.evaluation
+    if options.evaluation:
+        not_covered.append("--eval: upstream's model is compared as built, not run")
+    # With a real TE and a GPU, Megatron builds real TE modules. Only the CPU stand-in records
+    # each call, so that build is compared as built (scripts/gpu-check runs it; docs/cross-check.md).
+    real_te = real_te_available() and torch.cuda.is_available()
+    if real_te and train:
+        train = False
+        not_covered.append("real Transformer Engine: compared as built (calls are recorded by "
+                           "the CPU stand-in only)")
+    try:
+        with _quiet_megatron(), upstream_environment(use_real_te=real_te,
+                                                     allow_import=options.allow_import):
+            upstream = _upstream_input(config, recipe, not_covered)
+            variant = getattr(upstream, "config_kwargs", {}).get("experimental_attention_variant")
+            if isinstance(upstream, str):  # upstream's own argument checks refused it
+                built = upstream_build.UpstreamModel([], ran=False, rejected=upstream)
+            elif variant:
+                return CrossCheck(version, str(location.root), 0, [], False, [
+                    f"experimental_attention_variant {variant}: its block spec is not built "
+                    "by the cross-check"])
+            else:
+                built = upstream_build.build_and_run(upstream, options.steps,
+                                                     options.microbatches, options.seed,
+                                                     run=train)
+    except (InputError, EnvironmentProblem):
+        raise
+    except Exception as exc:  # noqa: BLE001 - upstream's code failed: say so, in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise EnvironmentProblem(
+            f"--cross-check: Megatron {location.version or ''} at {location.root} could not "
+            f"build and run this config on CPU: {type(exc).__name__}: {first[:300]}") from exc
+    not_covered.extend(built.notes)
+    ours = qaudit_facts(run)
+    if built.rejected is not None:
+        # Nothing to compare module by module: the installed Megatron refuses the config.
+        return CrossCheck(location.version or "unknown", str(location.root), 0,
+                          [Difference("-", "build", "audits it", f"rejects it: {built.rejected}")],
+                          False, not_covered)
+    # Modules qaudit runs inside a CUDA graph: the CPU run has no graphs (docs/cross-check.md).
+    graphed = frozenset(facts.name for facts in ours if facts.tracked == "graph")
+    if graphed and built.ran:
+        not_covered.append(f"CUDA graphs: {len(graphed)} graphed module(s) compared as built "
+                           "(capture needs a GPU)")
+    differences = compare(ours, built.modules, built.ran, graphed)
+    differences.extend(Difference("-", "config field", "accepted", "not a field of the "
+                                  "installed TransformerConfig: " + name)
+                       for name in getattr(upstream, "unknown_fields", []))
+    return CrossCheck(location.version or "unknown", str(location.root), len(ours), differences,
+                      built.ran, not_covered)

@@ -1,0 +1,313 @@
+"""What the user's Megatron needs to build and train on this CPU process, and only while it does.
+
+Entered around one upstream build: the stand-in `transformer_engine` (unless a real TE
+imports and CUDA works), pure-PyTorch stand-ins for Megatron's CUDA-only calls, a gloo process
+group of one rank and Megatron's `parallel_state`. Everything is undone on exit, except the
+imported Megatron modules themselves (importing them again would cost seconds per build).
+Each replaced CUDA-only call is listed, with its upstream path, in docs/cross-check.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import os
+import sys
+import types
+import warnings
+from typing import Any, Iterator
+
+import torch
+
+from qaudit.crosscheck import standin_te
+from qaudit.errors import EnvironmentProblem
+
+# Megatron modules that import triton unconditionally at their top and that the GPT/MoE build
+# imports (their kernels are never called on the cross-check's path): replaced by empty
+# modules. A fake `triton` package instead would make torch's inductor try to use it.
+TRITON_MODULES = (
+    "megatron.core.transformer.moe.ops.paged_stash",
+    "megatron.core.ssm.ops.ssd_bmm",
+    "megatron.core.ssm.ops.ssd_chunk_scan",
+    "megatron.core.ssm.ops.ssd_chunk_state",
+    "megatron.core.ssm.ops.ssd_state_passing",
+    "megatron.core.ssm.ops.ssd_combined",
+    "megatron.core.ssm.ops.causal_conv1d_varlen",
+)
+
+
+def wgrad_gemm_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor,
+                          main_grad: torch.Tensor) -> None:
+    """APEX's fused wgrad kernel (`fused_weight_gradient_mlp_cuda`): main_grad += dY^T X."""
+    inp = total_input.reshape(-1, total_input.shape[-1])
+    grad = grad_output.reshape(-1, grad_output.shape[-1])
+    main_grad.add_((grad.t() @ inp).to(main_grad.dtype))
+    _fused_wgrad_calls.append(main_grad)
+
+
+# main_grad buffers the fused kernel wrote to, in call order (Megatron's own linears).
+_fused_wgrad_calls: list[torch.Tensor] = []
+
+
+def fused_wgrad_calls() -> list[torch.Tensor]:
+    return _fused_wgrad_calls
+
+
+def _fused_wgrad_module() -> types.ModuleType:
+    module = types.ModuleType("fused_weight_gradient_mlp_cuda",
+                              "qaudit's pure-PyTorch stand-in for APEX's fused wgrad kernel")
+    module.wgrad_gemm_accum_fp32 = wgrad_gemm_accum_fp32
+    module.wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32
+    module.__qaudit_standin__ = True
+    return module
+
+
+def _kernel_module(name: str) -> types.ModuleType:
+    """A module of triton kernels: any name it is asked for is a kernel that raises NotOnCPU
+    when called (importing names works; only running the feature does not)."""
+    module = types.ModuleType(name, "qaudit: triton kernels are not available on CPU")
+    module.__qaudit_standin__ = True
+
+    def kernel(attribute: str) -> Any:
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        return standin_te._cuda_kernel(f"{name}.{attribute}")
+
+    module.__getattr__ = kernel
+    return module
+
+
+def real_te_available() -> bool:
+    """A real Transformer Engine is installed (checked without importing it)."""
+    if standin_te.installed_standin():
+        return False
+    try:
+        return importlib.util.find_spec("transformer_engine") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
+    missing = object()
+    old = getattr(target, name, missing)
+    setattr(target, name, value)
+    try:
+        yield
+    finally:
+        if old is missing:
+            delattr(target, name)
+        else:
+            setattr(target, name, old)
+
+
+@contextlib.contextmanager
+def _sys_modules(entries: dict[str, types.ModuleType]) -> Iterator[None]:
+    """Put `entries` into sys.modules where nothing real is there; remove them afterwards."""
+    added = []
+    for name, module in entries.items():
+        if name not in sys.modules:
+            sys.modules[name] = module
+            added.append(name)
+    try:
+        yield
+    finally:
+        for name in added:
+            if sys.modules.get(name) is entries[name]:
+                del sys.modules[name]
+
+
+class _Stream:
+    """A CUDA stream or event on a CPU process: work is already ordered, waits return."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def wait_stream(self, *args: Any) -> None:
+        return None
+
+    def wait_event(self, *args: Any) -> None:
+        return None
+
+    def record_event(self, *args: Any) -> "_Stream":
+        return _Stream()
+
+    def record(self, *args: Any) -> None:
+        return None
+
+    def wait(self, *args: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
+_CURRENT_STREAM = _Stream()
+
+
+def _eager(function: Any = None, **options: Any) -> Any:
+    """torch.compile's signature, compiling nothing: the function runs eagerly."""
+    return function if function is not None else (lambda inner: inner)
+
+
+def _cpu_cuda_answers() -> contextlib.ExitStack:
+    """torch.cuda questions Megatron asks while building on CPU, answered for a CPU process."""
+    stack = contextlib.ExitStack()
+    if torch.cuda.is_available():
+        return stack
+    cpu = torch.device("cpu")
+    stack.enter_context(_patched(torch.cuda, "current_device", lambda: cpu))
+    stack.enter_context(_patched(torch.cuda, "get_device_capability", lambda *a, **k: (10, 0)))
+    stack.enter_context(_patched(torch.cuda, "device_count", lambda: 1))
+    stack.enter_context(_patched(torch.cuda, "get_rng_state", lambda *a, **k: torch.get_rng_state()))
+    stack.enter_context(_patched(torch.cuda, "set_rng_state", lambda *a, **k: None))
+    stack.enter_context(_patched(torch.cuda, "synchronize", lambda *a, **k: None))
+    stack.enter_context(_patched(torch.cuda, "Stream", _Stream))
+    stack.enter_context(_patched(torch.cuda, "Event", _Stream))
+    stack.enter_context(_patched(torch.cuda, "current_stream", lambda *a, **k: _CURRENT_STREAM))
+    stack.enter_context(_patched(torch.cuda, "stream",
+                                 lambda *a, **k: contextlib.nullcontext()))
+    return stack
+
+
+@contextlib.contextmanager
+def _process_group() -> Iterator[None]:
+    """A gloo group of one rank and Megatron's parallel_state over it (TP = PP = EP = CP = 1)."""
+    import torch.distributed as dist
+
+    from megatron.core import parallel_state
+
+    created = False
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        created = True
+    elif dist.get_world_size() != 1:
+        raise EnvironmentProblem("--cross-check builds upstream's model in one process; run it "
+                                 "without torchrun")
+    try:
+        if not parallel_state.model_parallel_is_initialized():
+            parallel_state.initialize_model_parallel()
+        yield
+    finally:
+        parallel_state.destroy_model_parallel()
+        _reset_megatron_globals()
+        if created:
+            dist.destroy_process_group()
+
+
+def _reset_megatron_globals() -> None:
+    """Process-wide state one build leaves behind (MoE metrics sized to its layer count)."""
+    try:
+        logging = importlib.import_module("megatron.core.transformer.moe.moe_logging")
+    except ImportError:
+        return
+    destroy = getattr(logging, "destroy_moe_metrics_tracker", None)
+    if destroy is not None:
+        destroy()
+
+
+def _typing_override() -> contextlib.ExitStack:
+    """megatron.training uses typing.override (Python 3.12); on 3.11 typing_extensions' one
+    (a no-op at run time) stands in."""
+    import typing
+
+    stack = contextlib.ExitStack()
+    if not hasattr(typing, "override"):
+        try:
+            from typing_extensions import override
+        except ImportError:
+            def override(method):  # the decorator only marks the method
+                return method
+        stack.enter_context(_patched(typing, "override", override))
+    return stack
+
+
+def _cpu_megatron_calls() -> contextlib.ExitStack:
+    """Megatron's own CUDA-only helpers that its CPU-capable paths call (docs/cross-check.md):
+    activation recompute saves and restores the CUDA RNG state
+    (megatron/core/tensor_parallel/random.py); on CPU the CPU generator's state stands in."""
+    stack = contextlib.ExitStack()
+    if torch.cuda.is_available():
+        return stack
+    random = importlib.import_module("megatron.core.tensor_parallel.random")
+    if hasattr(random, "_get_cuda_rng_state"):
+        stack.enter_context(_patched(random, "_get_cuda_rng_state",
+                                     lambda *a, **k: torch.get_rng_state()))
+    if hasattr(random, "_set_cuda_rng_state"):
+        stack.enter_context(_patched(random, "_set_cuda_rng_state",
+                                     lambda state, *a, **k: torch.set_rng_state(state)))
+    return stack
+
+
+def _no_custom_factory_imports() -> contextlib.ExitStack:
+    """Without --allow-import, Megatron's `_get_custom_recipe` (which imports the factory a
+    recipe names) gives a stand-in CustomRecipe instead: no code the input names is run."""
+    stack = contextlib.ExitStack()
+
+    def stand_in(path: str) -> Any:
+        return standin_te.CustomRecipe(qfactory=path)
+
+    for name in ("megatron.core.fp8_utils", "megatron.core.fp4_utils"):
+        module = importlib.import_module(name)
+        if hasattr(module, "_get_custom_recipe"):
+            stack.enter_context(_patched(module, "_get_custom_recipe", stand_in))
+    return stack
+
+
+@contextlib.contextmanager
+def upstream_environment(use_real_te: bool = False, allow_import: bool = False) -> Iterator[None]:
+    """Import the user's Megatron and let it build and train here (see the module docstring).
+    `use_real_te`: a real TE and CUDA are there; nothing stands in for TE or CUDA.
+    `allow_import`: --allow-import, Megatron may import a recipe's custom factory."""
+    stubs: dict[str, types.ModuleType] = {}
+    if not use_real_te:
+        if real_te_available():
+            raise EnvironmentProblem(
+                "--cross-check: a real Transformer Engine is installed but CUDA is not usable "
+                "here; qaudit does not shadow a real TE with its CPU stand-in. Run the "
+                "cross-check on a machine with a GPU")
+        stubs.update(standin_te.package().modules)
+        if importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None:
+            stubs["fused_weight_gradient_mlp_cuda"] = _fused_wgrad_module()
+    stubs.update({name: _kernel_module(name) for name in TRITON_MODULES})
+    environment = dict(os.environ)
+    os.environ["NO_VCS_VERSION"] = "1"  # package_info.py would run `git rev-parse` otherwise
+    try:
+        with contextlib.ExitStack() as stack, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            stack.enter_context(_sys_modules(stubs))
+            if not use_real_te:
+                stack.enter_context(_cpu_cuda_answers())
+            stack.enter_context(_typing_override())
+            if not use_real_te:
+                # Megatron decorates its fused functions with torch.compile at import
+                # (megatron/core/jit.py, jit_fuser), which imports dynamo and inductor
+                # (seconds); on CPU they run eagerly, and the kernel fusions are off anyway.
+                stack.enter_context(_patched(torch, "compile", _eager))
+            _check_bound_to(use_real_te)
+            stack.enter_context(_cpu_megatron_calls())
+            if not allow_import:
+                stack.enter_context(_no_custom_factory_imports())
+            stack.enter_context(_process_group())
+            _fused_wgrad_calls.clear()
+            yield
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
+
+
+def _check_bound_to(use_real_te: bool) -> None:
+    """Megatron binds `transformer_engine` when its TE extension is first imported: refuse to
+    build when that happened with another TE than the one this build needs."""
+    module = importlib.import_module("megatron.core.extensions.transformer_engine")
+    bound = getattr(module, "te", None)
+    if not getattr(module, "HAVE_TE", False):
+        raise EnvironmentProblem("--cross-check: Megatron was imported without Transformer "
+                                 "Engine earlier in this process; run qaudit in a fresh process")
+    if standin_te.is_standin(bound) == use_real_te:
+        raise EnvironmentProblem("--cross-check: Megatron was imported with another Transformer "
+                                 "Engine earlier in this process; run qaudit in a fresh process")

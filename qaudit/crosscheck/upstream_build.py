@@ -1,0 +1,496 @@
+"""Build and train the config with the user's own Megatron code; return one ModuleFacts per
+linear module (the builder seam: a plain list, whatever built it).
+
+Upstream's pieces, used as they are: `TransformerConfig` (its `__post_init__` validates),
+the TE layer specs and decoder block spec (`gpt_layer_specs.py`), the MTP block spec,
+`GPTModel` (whose construction walk calls each module's `finish_init` with the recipe config
+`get_quant_config_or_none` picks), `set_is_first_microbatch`, forward and backward. qaudit
+adds only what a training loop adds around them: a DDP-like `main_grad` buffer, the re-arming
+call at each step's first microbatch, the optimizer step (qaudit/train.py's, the same as for
+qaudit's own model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from qaudit.crosscheck import standin_te
+from qaudit.crosscheck.environment import fused_wgrad_calls
+from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
+from qaudit.crosscheck.upstream_config import UpstreamInput
+from qaudit.probe import CallRecord
+from qaudit.report import accumulation_of, calls_per_microbatch, precision_of
+from qaudit.train import (LEARNING_RATE, attach_grad_buffers, step_gradient,
+                          zero_grad_buffer)
+
+# Megatron's own (non-TE) linear classes: rows too (the usual output layer is one; every
+# linear of the modelopt spec, whose MLA down projections are its `Linear`).
+MCORE_LINEARS = ("ColumnParallelLinear", "RowParallelLinear")
+MODELOPT_LINEAR = "megatron.core.post_training.modelopt.layers"
+
+
+@dataclass
+class UpstreamModel:
+    modules: list[ModuleFacts]
+    ran: bool  # forward and backward ran (else construction only)
+    notes: list[str] = field(default_factory=list)
+    rejected: str | None = None  # why upstream refused to build the config (nothing built)
+
+
+class Rejected(Exception):
+    """Upstream's own code refused the config (its validation or an assertion at build)."""
+
+
+def upstream_classes() -> dict[str, Any]:
+    """The installed Megatron's classes and spec functions the build uses."""
+    from megatron.core.models.gpt import gpt_layer_specs, gpt_model
+    from megatron.core.transformer import transformer_config
+
+    return {"TransformerConfig": transformer_config.TransformerConfig,
+            "MLATransformerConfig": getattr(transformer_config, "MLATransformerConfig", None),
+            "GPTModel": gpt_model.GPTModel, "specs": gpt_layer_specs, "gpt_model": gpt_model}
+
+
+def make_config(upstream: UpstreamInput) -> Any:
+    """Upstream's TransformerConfig; its own validation errors are the user's input errors."""
+    from megatron.core.quantization.utils import load_quantization_recipe
+
+    classes = upstream_classes()
+    cls = upstream.config_class or (classes["MLATransformerConfig"] if upstream.mla
+                                    else classes["TransformerConfig"])
+    kwargs = dict(upstream.config_kwargs)
+    kwargs.update(_cuda_graphs_off(cls))
+    upstream.notes.extend(_cpu_substitutions(kwargs))
+    if upstream.recipe_path is not None:
+        kwargs["quant_recipe"] = load_quantization_recipe(upstream.recipe_path)
+    elif upstream.prebuilt_recipe is not None:
+        kwargs["quant_recipe"] = upstream.prebuilt_recipe
+    try:
+        return cls(**kwargs)
+    except (AssertionError, ValueError, TypeError) as exc:
+        raise Rejected(f"{cls.__name__}: {type(exc).__name__}: {exc}") from exc
+
+
+def _cpu_substitutions(kwargs: dict[str, Any]) -> list[str]:
+    """Run paths that need GPU-only libraries, replaced by Megatron's own CPU-capable ones
+    (same linear modules and calls); each one said in the report."""
+    notes = []
+    if kwargs.get("overlap_moe_expert_parallel_comm"):
+        # Needs expert parallelism (EP is 1 here); delay_wgrad_compute needs the overlap.
+        kwargs["overlap_moe_expert_parallel_comm"] = False
+        if kwargs.get("delay_wgrad_compute"):
+            kwargs["delay_wgrad_compute"] = False
+            notes.append("delay_wgrad_compute: run without it (it needs expert-parallel "
+                         "overlap, EP is 1 on CPU)")
+    for name in ("fine_grained_activation_offloading", "cpu_offloading"):
+        if kwargs.get(name):
+            kwargs[name] = False
+            notes.append(f"{name}: run without it (pinned host memory and CUDA streams)")
+    if kwargs.get("use_transformer_engine_op_fuser"):
+        kwargs["use_transformer_engine_op_fuser"] = False
+        notes.append("TE op fuser: run with Megatron's unfused TE modules")
+    if kwargs.get("moe_token_dispatcher_type") == "flex":
+        kwargs["moe_token_dispatcher_type"] = "alltoall"
+        notes.append("flex token dispatcher (DeepEP/HybridEP, CUDA): run with alltoall")
+    return notes
+
+
+def _cuda_graphs_off(cls: type) -> dict[str, Any]:
+    """Every CUDA-graph field at its default (off): capture needs a GPU. Modules qaudit runs
+    inside a graph are then compared as built (qaudit.crosscheck.cross_check)."""
+    off = {}
+    for spec in dataclasses.fields(cls):
+        if "cuda_graph" in spec.name and spec.init:
+            if spec.default is not dataclasses.MISSING:
+                off[spec.name] = spec.default
+            elif spec.default_factory is not dataclasses.MISSING:
+                off[spec.name] = spec.default_factory()
+    return off
+
+
+def _call_with_supported(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call with the keyword arguments the installed version accepts (specs gain keywords
+    from release to release)."""
+    accepted = inspect.signature(function).parameters
+    return function(*args, **{k: v for k, v in kwargs.items() if k in accepted})
+
+
+def layer_spec(config: Any, stage: dict[str, Any], which: str = "te") -> Any:
+    """The layer spec Megatron-LM's gpt_builders.py picks for the TE implementation, or the
+    one ModelOpt's builder picks (`which` "modelopt": megatron/post_training/model_builder.py,
+    main, with ModelOpt's option defaults); `stage`: vp_stage and pp_rank of the chunk."""
+    if which == "modelopt":
+        from megatron.core.post_training.modelopt.gpt.model_specs import get_gpt_modelopt_spec
+
+        return get_gpt_modelopt_spec(config=config, local_core_attention=False,
+                                     remap_te_layernorm=False, real_quant_cfg="None",
+                                     use_arbitrary_attention_mask=False)
+    specs = upstream_classes()["specs"]
+    if config.num_moe_experts:
+        return _call_with_supported(specs.get_gpt_decoder_block_spec, config,
+                                    use_transformer_engine=True,
+                                    normalization=config.normalization,
+                                    qk_l2_norm=config.qk_l2_norm, **stage)
+    return _te_layer_spec(specs, config)
+
+
+def _te_layer_spec(specs: Any, config: Any) -> Any:
+    return _call_with_supported(
+        specs.get_gpt_layer_with_transformer_engine_spec, config.num_moe_experts,
+        config.moe_grouped_gemm, config.qk_layernorm, config.multi_latent_attention,
+        qk_l2_norm=config.qk_l2_norm, use_kitchen=config.use_kitchen,
+        use_te_activation_func=getattr(config, "use_te_activation_func", False),
+        use_kitchen_attention=getattr(config, "use_kitchen_attention", False),
+        kitchen_attention_backend=getattr(config, "kitchen_attention_backend", "sdpa"),
+        mla_down_proj_fusion=getattr(config, "mla_down_proj_fusion", False),
+        use_grouped_gemm_for_dense_mlp=getattr(config, "use_grouped_gemm_for_dense_mlp", False))
+
+
+def mtp_spec(config: Any, spec: Any, stage: dict[str, Any]) -> Any:
+    if not config.mtp_num_layers:
+        return None
+    specs = upstream_classes()["specs"]
+    if getattr(spec, "layer_specs", None) is not None and len(spec.layer_specs) == 0:
+        last = _te_layer_spec(specs, config)
+    elif hasattr(specs, "get_gpt_decoder_layer_specs"):
+        last = _call_with_supported(specs.get_gpt_decoder_layer_specs, config,
+                                    use_transformer_engine=True,
+                                    normalization=config.normalization,
+                                    qk_l2_norm=config.qk_l2_norm, **stage)[-1]
+    else:
+        last = spec
+    return _call_with_supported(specs.get_gpt_mtp_block_spec, config, last,
+                                use_transformer_engine=True, **stage)
+
+
+@contextlib.contextmanager
+def _recording_binder(gpt_model_module: Any) -> Iterator[dict[str, str]]:
+    """Observe which recipe config GPTModel's finish_init walk binds to each module name, by
+    wrapping upstream's own `get_quant_config_or_none` where gpt_model.py calls it."""
+    original = gpt_model_module.get_quant_config_or_none
+    bound: dict[str, str] = {}
+
+    def recording(name: str, recipe: Any) -> Any:
+        result = original(name, recipe)
+        bound[name] = getattr(result, "config_key", None) or "-"
+        return result
+
+    gpt_model_module.get_quant_config_or_none = recording
+    try:
+        yield bound
+    finally:
+        gpt_model_module.get_quant_config_or_none = original
+
+
+@dataclass
+class Chunk:
+    """One model chunk: a pipeline stage's (virtual) part, or the whole model."""
+
+    prefix: str  # qaudit's row prefix: "", "stage1/", "stage0.chunk1/"
+    stage: int
+    index: int  # virtual chunk
+    model: Any
+    bound: dict[str, str]  # chunk-local module name -> recipe config bound
+    pre_process: bool
+    post_process: bool
+
+
+class _Group:
+    """A pipeline process group as the chunk being built sees it (rank and size only)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+@contextlib.contextmanager
+def pipeline_rank(stage: int, stages: int, chunk: int, chunks: int | None) -> Iterator[None]:
+    """Megatron's own parallel_state overrides (set_pipeline_model_parallel_rank, ...): code
+    that asks parallel_state which stage it is on gets the chunk being built or run."""
+    from megatron.core import parallel_state as ps
+
+    if stages == 1:
+        yield
+        return
+    ps.set_pipeline_model_parallel_world_size(stages)
+    ps.set_pipeline_model_parallel_rank(stage)
+    ps.set_virtual_pipeline_model_parallel_world_size(chunks)
+    ps.set_virtual_pipeline_model_parallel_rank(chunk if chunks else None)
+    try:
+        yield
+    finally:
+        ps.set_pipeline_model_parallel_world_size(None)
+        ps.set_pipeline_model_parallel_rank(None)
+        ps.set_virtual_pipeline_model_parallel_world_size(None)
+        ps.set_virtual_pipeline_model_parallel_rank(None)
+
+
+def build_model(upstream: UpstreamInput, seed: int = 0) -> tuple[Any, list[Chunk]]:
+    """Upstream's config and its model chunks, in the order a microbatch passes them."""
+    classes = upstream_classes()
+    config = make_config(upstream)
+    stages = config.pipeline_model_parallel_size
+    chunks = config.virtual_pipeline_model_parallel_size
+    torch.manual_seed(seed)
+    built = []
+    for index in range(chunks or 1):
+        for stage in range(stages):
+            prefix = "" if stages == 1 else (f"stage{stage}/" if not chunks
+                                             else f"stage{stage}.chunk{index}/")
+            built.append(_build_chunk(classes, config, upstream, prefix, stage, stages, index,
+                                      chunks))
+    _share_embedding_copies(built)
+    return config, built
+
+
+def _build_chunk(classes: dict[str, Any], config: Any, upstream: UpstreamInput, prefix: str,
+                 stage: int, stages: int, index: int, chunks: int | None) -> Chunk:
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    vp_stage = index if chunks else None
+    pre = stage == 0 and index == 0
+    post = stage == stages - 1 and index == (chunks or 1) - 1
+    extra: dict[str, Any] = {}
+    where: dict[str, Any] = {}
+    if stages > 1:
+        groups = ProcessGroupCollection.use_mpu_process_groups()
+        groups.pp = _Group(stage, stages)
+        # No embedding group: the first stage's weights are copied to the last stage's
+        # copies below, as Megatron's all-reduce at construction does.
+        groups.embd = groups.pos_embd = None
+        extra = {"pre_process": pre, "post_process": post, "vp_stage": vp_stage,
+                 "pg_collection": groups}
+        where = {"vp_stage": vp_stage, "pp_rank": stage}
+    with pipeline_rank(stage, stages, index, chunks), \
+            _recording_binder(classes["gpt_model"]) as bound:
+        # A failure here is the cross-check's, not the input's.
+        spec = layer_spec(config, where, upstream.layer_spec)
+        block = mtp_spec(config, spec, where)
+        try:
+            model = classes["GPTModel"](config=config, transformer_layer_spec=spec,
+                                        mtp_block_spec=block, **upstream.model_kwargs, **extra)
+        except (AssertionError, ValueError, AttributeError, TypeError, ImportError,
+                NotImplementedError) as exc:
+            raise Rejected(f"GPTModel: {type(exc).__name__}: {exc}{_where(exc)}") from exc
+    return Chunk(prefix, stage, index, model, bound, pre, post)
+
+
+def _share_embedding_copies(chunks: list[Chunk]) -> None:
+    first = getattr(chunks[0].model, "embedding", None)
+    if first is None or len(chunks) == 1:
+        return
+    source = first.word_embeddings.weight
+    for chunk in chunks[1:]:
+        for param in chunk.model.parameters():
+            if getattr(param, "shared_embedding", False) and param.shape == source.shape:
+                with torch.no_grad():
+                    param.copy_(source)
+
+
+def te_linear_classes() -> tuple[type, ...]:
+    """TE's linear base classes as Megatron bound them: the stand-in's, or a real TE's."""
+    from megatron.core.extensions import transformer_engine as extension
+
+    pytorch = extension.te.pytorch
+    return tuple(getattr(pytorch, name) for name in ("Linear", "LayerNormLinear",
+                                                     "GroupedLinear") if hasattr(pytorch, name))
+
+
+def linear_modules(chunks: list[Chunk]) -> list[tuple[str, torch.nn.Module]]:
+    """(row name, module) of every linear module, chunk by chunk, in upstream's order."""
+    te_classes = te_linear_classes()
+    found = []
+    for chunk in chunks:
+        for name, module in chunk.model.named_modules():
+            mcore = type(module).__name__ in MCORE_LINEARS or (
+                type(module).__name__ == "Linear" and type(module).__module__ == MODELOPT_LINEAR)
+            if isinstance(module, te_classes) or (mcore and not isinstance(module, te_classes)):
+                found.append((chunk.prefix + name, module))
+    return found
+
+
+def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
+                 microbatches: int, vocab: int, seq_length: int, seed: int = 0,
+                 overwrite_main_grad: bool = False) -> None:
+    """qaudit's training loop around upstream's model chunks: re-arm through upstream's own
+    set_is_first_microbatch at each step's first microbatch, forward through every chunk in
+    order (one process, as qaudit's own pipelined run), backward, update.
+    `overwrite_main_grad`: Megatron-FSDP's buffers (each microbatch's gradient is drained)."""
+    modules = torch.nn.ModuleList(chunk.model for chunk in chunks)
+    params = attach_grad_buffers(modules, overwrite_main_grad=overwrite_main_grad)
+    generator = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(microbatches):
+        tokens = torch.randint(0, vocab, (2, seq_length + 1), generator=generator)
+        batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    position_ids = torch.arange(seq_length).unsqueeze(0).expand(2, -1)
+    stages = max(chunk.stage for chunk in chunks) + 1
+    virtual = max(chunk.index for chunk in chunks) + 1
+    modules.train()
+    for _ in range(steps):
+        zero_grad_buffer(params)
+        probe.recorder.start_step()
+        for index, (tokens, labels) in enumerate(batches):
+            probe.recorder.start_microbatch(buffers_drained=overwrite_main_grad)
+            hidden = None
+            for chunk in chunks:
+                with pipeline_rank(chunk.stage, stages, chunk.index,
+                                   virtual if virtual > 1 else None):
+                    if index == 0:
+                        chunk.model.set_is_first_microbatch()
+                    if not chunk.pre_process:
+                        chunk.model.set_input_tensor(hidden)
+                    hidden = chunk.model(tokens, position_ids, None,
+                                         labels=labels if chunk.post_process else None)
+            hidden.float().mean().backward()
+            if overwrite_main_grad:
+                for param in params:
+                    param.sharded_grad.add_(param.main_grad)
+                    param.main_grad.zero_()
+        with torch.no_grad():
+            for param in params:
+                param.add_(step_gradient(param), alpha=-LEARNING_RATE)
+
+
+def _where(exc: BaseException) -> str:
+    """ (at megatron/...py:LINE): the upstream line that raised, so that a refusal can be
+    told from a gap in the CPU stand-ins."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/megatron/" in f.filename]
+    if not frames:
+        return ""
+    path = frames[-1].filename
+    return f" (at {path[path.rindex('/megatron/') + 1:]}:{frames[-1].lineno})"
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def _tracked(records: list[CallRecord]) -> str:
+    """Observed: `no` when every call got None, `yes` when a later step got True again
+    (re-armed), `stale` when only the first step's first call did."""
+    if all(r.flag is None for r in records):
+        return "no"
+    return "yes" if any(r.flag is True and r.step > 0 for r in records) else "stale"
+
+
+def module_facts(chunks: list[Chunk], probe: standin_te.CallProbe | None,
+                 mcore_decisions: dict[str, list[str]]) -> list[ModuleFacts]:
+    records: dict[str, list[CallRecord]] = defaultdict(list)
+    if probe is not None:
+        for record in probe.recorder.calls:
+            records[record.module].append(record)
+    bound = {chunk.prefix + name: key for chunk in chunks for name, key in chunk.bound.items()}
+    facts = []
+    te_classes = te_linear_classes()
+    for name, module in linear_modules(chunks):
+        te = isinstance(module, te_classes)
+        upstream_class = type(module).__name__
+        wrapper = module if te else None
+        run: dict[str, Any] = {}
+        if probe is not None:
+            own = records.get(name, [])
+            if not te:
+                _assign_decisions(own, mcore_decisions.get(name, []))
+            run = {"precision": precision_of(own), "tracked": _tracked(own) if te else "-",
+                   "accumulation": accumulation_of(own),
+                   "calls_per_microbatch": calls_per_microbatch(own, grad=True),
+                   "nograd_calls_per_microbatch": calls_per_microbatch(own, grad=False)}
+        facts.append(ModuleFacts(
+            name=name, upstream_class=upstream_class, recipe=bound.get(name, "-"),
+            will_execute_quantized=will_execute_label(
+                getattr(wrapper, "will_execute_quantized", None)), **run))
+    return facts
+
+
+def _assign_decisions(records: list[CallRecord], decisions: list[str]) -> None:
+    """Megatron's own linears: the fused kernel's writes (in order) go to the grad calls of
+    each microbatch; without any, autograd produced the weight gradient."""
+    grad_calls = [r for r in records if r.grad]
+    if not decisions:
+        for record in grad_calls:
+            record.decision = "autograd"
+        return
+    for record, decision in zip(grad_calls, decisions):
+        record.decision = decision
+
+
+@contextlib.contextmanager
+def observe_mcore_linears(chunks: list[Chunk], probe: standin_te.CallProbe
+                          ) -> Iterator[dict[str, list[str]]]:
+    """Record calls of Megatron's own linears (forward pre-hooks) and which of them the fused
+    wgrad kernel accumulated into (by main_grad buffer)."""
+    handles = []
+    owners: dict[int, str] = {}
+    decisions: dict[str, list[str]] = defaultdict(list)
+    te_classes = te_linear_classes()
+    for name, module in linear_modules(chunks):
+        if isinstance(module, te_classes):
+            continue
+
+        def hook(module: torch.nn.Module, args: Any, kwargs: Any, name: str = name) -> None:
+            probe.recorder.on_forward(name, None, torch.is_grad_enabled(), None, module.training)
+            weight = kwargs.get("weight") if kwargs.get("weight") is not None else module.weight
+            owners[id(weight)] = name
+
+        handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        yield decisions
+    finally:
+        for handle in handles:
+            handle.remove()
+        params = {id(getattr(p, "main_grad", None)): id(p)
+                  for chunk in chunks for p in chunk.model.parameters()}
+        for buffer in fused_wgrad_calls():
+            owner = owners.get(params.get(id(buffer), -1))
+            if owner is not None:
+                decisions[owner].append("accumulate")
+
+
+def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: int = 0,
+                  run: bool = True) -> UpstreamModel:
+    # upstream_environment restores os.environ afterwards.
+    os.environ.update(upstream.environment)
+    try:
+        _, chunks = build_model(upstream, seed)
+    except Rejected as exc:
+        return UpstreamModel([], ran=False, rejected=_one_line(str(exc)))
+    notes = list(upstream.notes)
+    if not run:
+        return UpstreamModel(module_facts(chunks, None, {}), ran=False, notes=notes)
+    probe = standin_te.CallProbe()
+    probe.names = {id(module): name for name, module in linear_modules(chunks)}
+    try:
+        with standin_te.probing(probe), observe_mcore_linears(chunks, probe) as decisions:
+            run_training(chunks, probe, steps, microbatches, upstream.model_kwargs["vocab_size"],
+                         upstream.model_kwargs["max_sequence_length"], seed,
+                         upstream.overwrite_main_grad)
+    except standin_te.NotOnCPU as exc:
+        # A feature of this config runs a CUDA kernel: compare what was built.
+        return UpstreamModel(module_facts(chunks, None, {}), ran=False,
+                             notes=notes + [f"the training run needs {exc}; compared as built"])
+    except (RuntimeError, AssertionError, ValueError, TypeError, AttributeError,
+            IndexError) as exc:
+        # Upstream's forward or backward failed here (the note names its line): what was built
+        # is still compared.
+        failure = _one_line(f"{type(exc).__name__}: {exc}", 200)
+        return UpstreamModel(module_facts(chunks, None, {}), ran=False, notes=notes + [
+            f"the training run failed in Megatron's code: {failure}{_where(exc)}; compared "
+            "as built"])
+    return UpstreamModel(module_facts(chunks, probe, decisions), ran=True, notes=notes)

@@ -1,0 +1,266 @@
+"""The user's config, as the user's Megatron would take it: TransformerConfig keyword arguments
+and GPTModel's constructor arguments, from the input file itself (not from qaudit's reading).
+
+YAML files hold TransformerConfig field names (flat or under `model:`): every key that is a
+field of the installed TransformerConfig (MLATransformerConfig with multi-latent attention)
+goes to it as written, so upstream's own `__post_init__` validates and derives the rest.
+Then the audit's CPU settings replace widths (the same shrunk widths as qaudit's model: every
+count kept) and parallel sizes (one process). What is replaced, and why, is in
+docs/cross-check.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+from qaudit.config import ModelConfig
+from qaudit.megatron.dims import model_dims
+from qaudit.yamlio import YamlList, YamlMap
+
+# GPTModel constructor arguments a YAML file may carry (Megatron-Bridge provider fields).
+GPT_MODEL_ARGS = ("share_embeddings_and_output_weights", "position_embedding_type",
+                  "rotary_percent", "rotary_base", "rope_scaling", "rope_scaling_factor")
+# Fields qaudit reads that are not TransformerConfig fields: handled by the builder itself.
+HANDLED_ELSEWHERE = frozenset({"quant_recipe", "vocab_size", "seq_length",
+                               "use_megatron_fsdp", "data_parallel_sharding_strategy",
+                               *GPT_MODEL_ARGS})
+
+
+KERNEL_FUSIONS = ("bias_activation_fusion", "masked_softmax_fusion", "persist_layer_norm",
+                  "bias_dropout_fusion", "apply_rope_fusion", "use_fused_weighted_squared_relu",
+                  "fused_single_qkv_rope", "fused_residual_rmsnorm", "moe_permute_fusion",
+                  "moe_router_fusion", "cross_entropy_loss_fusion")
+
+
+@dataclass
+class UpstreamInput:
+    """What the builder hands to upstream's classes."""
+
+    mla: bool
+    config_kwargs: dict[str, Any]
+    model_kwargs: dict[str, Any]
+    recipe_path: str | None  # the --te-precision-config-file to load with upstream's loader
+    unknown_fields: list[str] = field(default_factory=list)  # not fields of the installed config
+    notes: list[str] = field(default_factory=list)
+    # The flag route: the recipe upstream already loaded, and its config class.
+    prebuilt_recipe: Any = None
+    config_class: type | None = None
+    # "modelopt": the entry point builds ModelOpt's spec (examples/post_training/modelopt).
+    layer_spec: str = "te"
+    # A MODEL_ARGS file's ENV_VARS: the runner's environment during the build and run.
+    environment: dict[str, str] = field(default_factory=dict)
+    # Megatron-FSDP with optim_grads sharding sets overwrite_main_grad on every parameter;
+    # the cross-check's DDP stand-in does the same (qaudit/train.py's buffers).
+    overwrite_main_grad: bool = False
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, YamlMap):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, YamlList):
+        return [_plain(v) for v in value]
+    return value
+
+
+def cpu_overrides(config: ModelConfig) -> dict[str, Any]:
+    """Widths shrunk as qaudit's own model is, one process, float32 parameters on CPU."""
+    d = model_dims(config)
+    overrides: dict[str, Any] = {
+        "hidden_size": d.hidden, "num_attention_heads": d.heads,
+        "num_query_groups": d.query_groups, "kv_channels": d.kv_channels,
+        "ffn_hidden_size": d.ffn, "moe_ffn_hidden_size": d.moe_ffn if config.is_moe else None,
+        "tensor_model_parallel_size": 1, "context_parallel_size": 1,
+        "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1,
+        "sequence_parallel": False,
+        # Pipeline sizes stay the user's: each stage's chunks are built (with Megatron's own
+        # parallel_state overrides) and run in order in this one process.
+        "bf16": False, "fp16": False, "params_dtype": torch.float32,
+        "pipeline_dtype": torch.float32,
+        "use_cpu_initialization": True, "perform_initialization": True,
+        "gradient_accumulation_fusion": config.gradient_accumulation_fusion,
+        # Fused kernels (CUDA, or torch.compile'd): Megatron's unfused path instead. They
+        # change no linear module, call or wgrad decision (docs/cross-check.md).
+        **{name: False for name in KERNEL_FUSIONS},
+    }
+    if config.moe_shared_expert_intermediate_size:
+        overrides["moe_shared_expert_intermediate_size"] = d.shared_ffn
+    if config.multi_latent_attention:
+        overrides.update(q_lora_rank=d.q_lora_rank, kv_lora_rank=d.kv_lora_rank,
+                         qk_head_dim=d.qk_head_dim, qk_pos_emb_head_dim=d.qk_pos_emb_head_dim,
+                         v_head_dim=d.v_head_dim)
+    return overrides
+
+
+def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[str],
+              mla_fields: set[str]) -> UpstreamInput:
+    """`recipe_file`: the recipe qaudit opened (`--recipe` or `quant_recipe`); `config_fields`:
+    the installed TransformerConfig's field names, `mla_fields`: MLATransformerConfig's."""
+    mapping = config.source.mapping if config.source else {}
+    written = {key: _plain(value) for key, value in mapping.items()}
+    mla = bool(written.get("multi_latent_attention", False))
+    known = mla_fields if mla else config_fields
+    kwargs = {key: value for key, value in written.items() if key in known}
+    unknown = sorted(key for key in written
+                     if key not in known and key not in HANDLED_ELSEWHERE)
+    overrides = cpu_overrides(config)
+    kwargs.update({key: value for key, value in overrides.items() if key in known})
+    if "gradient_accumulation_fusion" in written:
+        kwargs["gradient_accumulation_fusion"] = written["gradient_accumulation_fusion"]
+    # num_layers comes from the config as qaudit resolved it only for hybrid patterns.
+    kwargs.setdefault("num_layers", config.num_layers)
+    d = model_dims(config)
+    model_kwargs = {
+        "vocab_size": d.vocab, "max_sequence_length": d.seq_length,
+        # qaudit's default, as on the training command line (upstream's GPTModel says False).
+        "share_embeddings_and_output_weights": config.share_embeddings_and_output_weights,
+    }
+    model_kwargs.update({key: written[key] for key in GPT_MODEL_ARGS if key in written})
+    return UpstreamInput(mla, kwargs, model_kwargs, recipe_file, unknown,
+                         layer_spec=config.layer_spec,
+                         overwrite_main_grad=_fsdp_overwrites(
+                             written.get("use_megatron_fsdp", False),
+                             written.get("data_parallel_sharding_strategy", "no_shard")))
+
+
+def _fsdp_overwrites(fsdp: Any, strategy: Any) -> bool:
+    return bool(fsdp) and strategy in ("optim_grads", "optim_grads_params")
+
+
+def dataclass_fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+# --- launch scripts and MODEL_ARGS files: upstream's own argument parsing --------------------
+
+ENTRY_SCRIPT = "pretrain_gpt.py"
+
+
+def argv_strings(words: list[Any]) -> tuple[list[str], bool]:
+    """The words as strings for upstream's parser; True when words that are passed only under
+    an undecided condition were left out. A flag whose value the script only knows at run time
+    is left out with its value (upstream's default stands in): qaudit has already refused the
+    input if the audit needed that flag."""
+    from qaudit.sources.argv import HOLE, split_argv
+
+    argv = split_argv([word for word in words if not getattr(word, "condition", ())])
+    strings = []
+    for occurrence in argv.occurrences:
+        if any(value.unknown or HOLE in value.text for value in occurrence.values):
+            continue
+        strings.append(occurrence.word.text)
+        strings.extend(value.text for value in occurrence.values)
+    dropped = any(getattr(word, "condition", ()) for word in words)
+    return strings, dropped
+
+
+def world_size_for(args: Any) -> int:
+    """One rank per model-parallel slot, so that validate_args accepts the parallel sizes."""
+    model = (args.tensor_model_parallel_size * args.pipeline_model_parallel_size
+             * args.context_parallel_size)
+    experts = args.expert_model_parallel_size * (args.expert_tensor_parallel_size or 1)
+    size = model
+    while size % experts and size < model * experts:
+        size += model
+    return max(size, experts if experts % model == 0 else model * experts)
+
+
+def from_arguments(config: ModelConfig, argv: list[str],
+                   environment: dict[str, str] | None = None) -> tuple[UpstreamInput, Any]:
+    """Megatron's `parse_args` -> `validate_args` -> `core_transformer_config_from_args`, as
+    pretrain_gpt.py runs them (megatron/training/arguments.py), on the script's own words; then
+    the audit's CPU settings. Returns the input and upstream's args (for the spec choice)."""
+    from megatron.training import arguments
+
+    # Upstream prints its settings (validate_args); the report is qaudit's output.
+    with contextlib.redirect_stdout(io.StringIO()), _cpu_answers(arguments):
+        args = _parse(arguments, argv)  # first for the parallel sizes, ...
+        # A MODEL_ARGS file's ENV_VARS are the runner's environment (validate_args reads some).
+        with _environment(**{**(environment or {}), "WORLD_SIZE": str(world_size_for(args)),
+                             "RANK": "0"}):
+            args = _parse(arguments, argv)  # ... then with the world they need
+            try:
+                arguments.validate_args(args, {})
+                upstream_config = arguments.core_transformer_config_from_args(args)
+            except (AssertionError, ValueError, TypeError) as exc:
+                raise ArgumentsRejected(f"validate_args: {type(exc).__name__}: {exc}") from exc
+    known = dataclass_fields(type(upstream_config))
+    kwargs = {name: getattr(upstream_config, name) for name in known
+              if not name.startswith("_") and _is_init_field(type(upstream_config), name)}
+    overrides = cpu_overrides(config)
+    kwargs.update({key: value for key, value in overrides.items() if key in known})
+    kwargs["gradient_accumulation_fusion"] = upstream_config.gradient_accumulation_fusion
+    d = model_dims(config)
+    model_kwargs = {
+        "vocab_size": d.vocab, "max_sequence_length": d.seq_length,
+        "share_embeddings_and_output_weights": not args.untie_embeddings_and_output_weights,
+        "position_embedding_type": args.position_embedding_type,
+        "rotary_percent": args.rotary_percent, "rotary_base": args.rotary_base,
+        "rope_scaling": args.use_rope_scaling}
+    upstream = UpstreamInput(bool(getattr(upstream_config, "multi_latent_attention", False)),
+                             kwargs, model_kwargs, None)
+    upstream.prebuilt_recipe = upstream_config.quant_recipe
+    upstream.environment = dict(environment or {})
+    upstream.layer_spec = config.layer_spec
+    upstream.overwrite_main_grad = _fsdp_overwrites(
+        getattr(args, "use_megatron_fsdp", False),
+        getattr(args, "data_parallel_sharding_strategy", "no_shard"))
+    upstream.config_class = type(upstream_config)
+    return upstream, args
+
+
+class ArgumentsRejected(Exception):
+    """Megatron's parse_args or validate_args refused the command line."""
+
+
+def _parse(arguments: Any, argv: list[str]) -> Any:
+    import sys
+
+    saved = sys.argv
+    sys.argv = [ENTRY_SCRIPT, *argv]
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            return arguments.parse_args(ignore_unknown_args=True)
+    except SystemExit:  # argparse's error(): its message went to stderr
+        lines = errors.getvalue().strip().splitlines()
+        raise ArgumentsRejected("parse_args: " + (lines[-1] if lines else "error")) from None
+    finally:
+        sys.argv = saved
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def _cpu_answers(arguments: Any) -> Iterator[None]:
+    """validate_args asks for the GPU's architecture (stream priorities and environment
+    checks only): answer Blackwell (10), whose checks are the least demanding."""
+    saved = getattr(arguments, "get_device_arch_version", None)
+    arguments.get_device_arch_version = lambda: 10
+    try:
+        yield
+    finally:
+        if saved is not None:
+            arguments.get_device_arch_version = saved
+
+
+def _is_init_field(cls: type, name: str) -> bool:
+    return cls.__dataclass_fields__[name].init

@@ -1,0 +1,280 @@
+"""--cross-check: qaudit's model against the installed Megatron's own build and run.
+
+Tests that need Megatron use the `megatron` fixture (tests/megatron_env.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import run_in_process
+from megatron_env import forget_megatron, megatron  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.usefixtures("forget_megatron")
+from qaudit.crosscheck.compare import ABSENT, Difference, compare
+from qaudit.crosscheck.facts import ModuleFacts
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+
+
+def cross_check(monkeypatch, capsys, *args: str) -> tuple[int, dict, str]:
+    code, out, err = run_in_process(monkeypatch, capsys, "check", *args, "--cross-check",
+                                    "--format", "json")
+    assert not err or code == 2, err
+    return code, json.loads(out) if out else {}, err
+
+
+# --- without Megatron ------------------------------------------------------------------------
+
+
+def test_without_megatron_exit_2_saying_so(monkeypatch, capsys):
+    monkeypatch.setattr("qaudit.crosscheck.locate_megatron", lambda: None)
+    code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                    "--cross-check")
+    assert code == 2 and not out
+    assert err.startswith("error: --cross-check needs the Megatron you train with")
+    assert len(err.strip().splitlines()) == 1
+
+
+def _facts(name: str, cls: str = "TELinear", **run) -> ModuleFacts:
+    return ModuleFacts(name, cls, "-", "no/yes", **{"precision": "bf16", "tracked": "no",
+                                                     "accumulation": "accumulate",
+                                                     "calls_per_microbatch": 1, **run})
+
+
+def test_compare_names_both_sides_of_each_difference():
+    ours = [_facts("a"), _facts("b", tracked="no"), _facts("only_ours"),
+            _facts("c", precision="fp8/custom (not executed)")]
+    theirs = [_facts("a"), _facts("b", tracked="stale"), _facts("c", precision="fp8/custom"),
+              _facts("only_theirs", "TERowParallelLinear")]
+    assert compare(ours, theirs, ran=True) == [
+        Difference("b", "tracked", "no", "stale"),
+        Difference("only_ours", "module", "TELinear", ABSENT),
+        Difference("only_theirs", "module", ABSENT, "TERowParallelLinear")]
+    # Construction only: the run's fields are not compared.
+    assert compare(ours, theirs, ran=False) == [
+        Difference("only_ours", "module", "TELinear", ABSENT),
+        Difference("only_theirs", "module", ABSENT, "TERowParallelLinear")]
+
+
+def test_rule_qa030_turns_each_difference_into_an_error(monkeypatch):
+    from qaudit.audit import AuditOptions, load_inputs, run_audit
+    from qaudit.crosscheck import CrossCheck
+    from qaudit.rules import judge
+
+    config, recipe = load_inputs(str(REPO / "configs" / "gpt-small-bf16.yaml"))
+    run = run_audit(config, recipe, AuditOptions())
+    run.facts.cross_check = CrossCheck("0.19.2", "/x", 17, [
+        Difference("decoder.layers.0.mlp.linear_fc1", "upstream_class",
+                   "TELayerNormColumnParallelLinear", "TEColumnParallelLinear"),
+        Difference("-", "build", "audits it", "rejects it: GPTModel: AssertionError: no")], True)
+    found = [f for f in judge(run.facts) if f.rule == "QA030"]
+    assert [(f.severity, f.module) for f in found] == [
+        ("error", "decoder.layers.0.mlp.linear_fc1"), ("error", None)]
+    assert found[0].message == ("class: qaudit TELayerNormColumnParallelLinear; Megatron 0.19.2 "
+                                "TEColumnParallelLinear")
+    assert "rejects it" in found[1].message
+
+
+# --- with the installed Megatron --------------------------------------------------------------
+
+
+def test_small_gpt_matches_megatron_0_19_as_legacy(megatron, monkeypatch, capsys):
+    """0.19.2 passes the module's flag unless the transpose cache is off: qaudit's `legacy`."""
+    code, report, _ = cross_check(monkeypatch, capsys, "configs/gpt-small-bf16.yaml",
+                                  "--policy", "legacy")
+    result = report["cross_check"]
+    assert (code, result["megatron"], result["ran"]) == (0, "0.19.2", True)
+    assert result["modules_compared"] == len(report["modules"]) == 17
+    assert result["differences"] == []
+    assert not [f for f in report["findings"] if f["rule"] == "QA030"]
+    jsonschema = pytest.importorskip("jsonschema")
+    from test_formats import report_schema
+
+    jsonschema.validate(report, report_schema())
+
+
+def test_policy_mismatch_is_a_difference_per_module(megatron, monkeypatch, capsys):
+    """`--policy config` (PR #6965, Megatron-LM main) is not what the installed 0.19.2 does:
+    the cross-check says so for every TE module of a BF16 model, and the table how many."""
+    code, report, _ = cross_check(monkeypatch, capsys, "configs/gpt-small-bf16.yaml",
+                                  "--policy", "config")
+    differences = report["cross_check"]["differences"]
+    assert code == 1
+    jsonschema = pytest.importorskip("jsonschema")
+    from test_formats import report_schema
+
+    jsonschema.validate(report, report_schema())
+    assert {(d["field"], d["qaudit"], d["megatron"]) for d in differences} == {
+        ("tracked", "no", "stale"), ("accumulation", "accumulate", "overwrite-first")}
+    assert len(differences) == 2 * 16  # every TE module; the output layer is Megatron's own
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                  "--cross-check", "--policy", "config")
+    assert ("cross-check: 17 modules compared with Megatron 0.19.2 (construction and a\n"
+            "  training run): 32 difference(s)") in out
+
+
+def test_a_wrong_module_name_in_qaudits_builder_is_caught(megatron, monkeypatch, capsys):
+    from qaudit.megatron.language_model import LanguageModel
+
+    original = LanguageModel.finish_init
+
+    def misnamed(self, recipe):
+        original(self, recipe)
+        for module in self.audited_modules():
+            module.fqn = module.fqn.replace("mlp.linear_fc2", "mlp.linear_fc_out")
+
+    monkeypatch.setattr(LanguageModel, "finish_init", misnamed)
+    code, report, _ = cross_check(monkeypatch, capsys, "configs/gpt-small-bf16.yaml",
+                                  "--policy", "legacy")
+    differences = report["cross_check"]["differences"]
+    assert code == 1
+    assert Difference("decoder.layers.0.mlp.linear_fc_out", "module", "TERowParallelLinear",
+                      ABSENT).to_dict() in differences
+    assert Difference("decoder.layers.3.mlp.linear_fc2", "module", ABSENT,
+                      "TERowParallelLinear").to_dict() in differences
+    assert len(differences) == 8
+
+
+def test_recipe_binding_and_precision_agree_with_megatron(megatron, monkeypatch, capsys):
+    """An FP8 model whose recipe forces attention to BF16: upstream's finish_init binds the
+    same config to the same modules and they execute in the same precision."""
+    code, report, _ = cross_check(monkeypatch, capsys, "configs/gpt-fp8-attention-bf16.yaml",
+                                  "--policy", "legacy")
+    assert report["cross_check"]["differences"] == []
+    bound = {row["recipe"] for row in report["modules"]}
+    assert bound - {"-"}, "the recipe binds some modules"
+
+
+def test_config_megatron_rejects_is_a_finding(megatron, monkeypatch, capsys, write_yaml):
+    path = write_yaml("bias.yaml", """\
+        num_layers: 2
+        hidden_size: 64
+        num_attention_heads: 4
+        num_moe_experts: 4
+        moe_shared_expert_intermediate_size: 64
+        """)
+    code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
+    (difference,) = report["cross_check"]["differences"]
+    assert code == 1 and difference["field"] == "build"
+    assert "bias is not supported in the shared experts" in difference["megatron"]
+
+
+def test_unknown_field_of_the_installed_config_is_a_difference(megatron, monkeypatch, capsys,
+                                                             write_yaml):
+    """A field qaudit accepts (a newer release's, say) that the installed TransformerConfig
+    does not have: the user's Megatron would not take the file."""
+    import qaudit.config
+
+    path = write_yaml("small.yaml", "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+                                    "a_field_of_a_newer_release: 1\n")
+    monkeypatch.setattr(qaudit.config, "ACCEPTED_FIELDS",
+                        qaudit.config.ACCEPTED_FIELDS | {"a_field_of_a_newer_release"})
+    code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
+    assert code == 1
+    assert report["cross_check"]["differences"] == [Difference(
+        "-", "config field", "accepted", "not a field of the installed TransformerConfig: "
+        "a_field_of_a_newer_release").to_dict()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.stem for c in CONFIGS])
+def test_every_bundled_config_cross_checks(megatron, monkeypatch, capsys, config):
+    code, report, _ = cross_check(monkeypatch, capsys, str(config), "--policy", "legacy")
+    result = report["cross_check"]
+    if result["not_covered"] and not result["modules_compared"]:
+        assert "hybrid" in result["not_covered"][0]  # nemotron-h: said, not compared
+        return
+    assert result["ran"] and result["modules_compared"] == len(report["modules"])
+    assert result["differences"] == []
+
+
+# --- the stand-in's place, and launch scripts through upstream's own argument parsing -------
+
+LAUNCH_SCRIPT = """\
+#!/bin/bash
+MODEL_ARGS=(
+    --num-layers 4 --hidden-size 512 --num-attention-heads 8
+    --num-experts 4 --moe-grouped-gemm --moe-router-topk 2 --moe-layer-freq 2
+    --swiglu --untie-embeddings-and-output-weights --disable-bias-linear
+    --fp8-format hybrid --fp8-recipe tensorwise
+    --mtp-num-layers 1 --position-embedding-type rope
+)
+torchrun --nproc-per-node 8 pretrain_gpt.py ${MODEL_ARGS[@]} \\
+    --micro-batch-size 1 --global-batch-size 8 --seq-length 1024 \\
+    --max-position-embeddings 1024 --save $CHECKPOINT_DIR %s
+"""
+
+
+def write_script(tmp_path: Path, extra: str = "") -> str:
+    path = tmp_path / "train.sh"
+    path.write_text(LAUNCH_SCRIPT % extra)
+    return str(path)
+
+
+def test_launch_script_goes_through_megatrons_own_parser(megatron, monkeypatch, capsys,
+                                                        tmp_path):
+    """$CHECKPOINT_DIR is unknown: --save is left to upstream's default, as qaudit ignores it."""
+    code, report, _ = cross_check(monkeypatch, capsys, write_script(tmp_path), "--policy",
+                                  "legacy")
+    result = report["cross_check"]
+    assert (result["ran"], result["differences"]) == (True, [])
+    assert result["modules_compared"] == len(report["modules"]) > 0
+    assert any("experts.linear_fc1" in row["name"] for row in report["modules"])
+
+
+def test_a_flag_qaudit_misreads_is_caught(megatron, monkeypatch, capsys, tmp_path):
+    """qaudit's flag translation is checked by upstream's parser: dropping --moe-grouped-gemm
+    on qaudit's side builds sequential experts that Megatron does not build."""
+    import importlib
+
+    translation = importlib.import_module("qaudit.sources.translate")
+    original = translation.Translator.run
+
+    def without_grouped_gemm(self):
+        result = original(self)
+        result.mapping.pop("moe_grouped_gemm", None)
+        return result
+
+    monkeypatch.setattr(translation.Translator, "run", without_grouped_gemm)
+    code, report, _ = cross_check(monkeypatch, capsys, write_script(tmp_path), "--policy",
+                                  "legacy")
+    differences = report["cross_check"]["differences"]
+    assert code == 1
+    assert {"module": "decoder.layers.0.mlp.experts.linear_fc1", "field": "module",
+            "qaudit": "(not built)", "megatron": "TEColumnParallelGroupedLinear"} in differences
+    assert any(d["module"].endswith("local_experts.0.linear_fc1") for d in differences)
+
+
+def test_a_command_line_megatron_refuses_is_a_finding(megatron, monkeypatch, capsys, tmp_path):
+    """qaudit ignores batch flags; megatron-core 0.19.2's validate_args refuses a batch-size
+    schedule beside --global-batch-size (as in Megatron-LM's own gpt3 175B example)."""
+    script = write_script(tmp_path, "--step-batch-size-schedule '0:16 1B:32'")
+    code, report, _ = cross_check(monkeypatch, capsys, script, "--policy", "legacy")
+    (difference,) = report["cross_check"]["differences"]
+    assert code == 1 and difference["field"] == "build"
+    assert difference["megatron"].startswith("rejects it: validate_args:")
+    assert "--step-batch-size-schedule" in difference["megatron"]
+
+
+def test_the_stand_in_is_gone_after_the_cross_check(megatron, monkeypatch, capsys):
+    cross_check(monkeypatch, capsys, "configs/gpt-small-bf16.yaml", "--policy", "legacy")
+    assert "transformer_engine" not in sys.modules
+    assert "fused_weight_gradient_mlp_cuda" not in sys.modules
+    import torch
+
+    assert torch.compile.__module__.startswith("torch")
+    assert not torch.distributed.is_initialized()
+
+
+def test_a_real_te_without_cuda_is_never_shadowed(megatron, monkeypatch, capsys):
+    monkeypatch.setattr("qaudit.crosscheck.environment.real_te_available", lambda: True)
+    code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                    "--cross-check")
+    assert code == 3 and not out
+    assert "real Transformer Engine is installed but CUDA is not usable" in err
