@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import textwrap
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_in_process
+from megatron_env import megatron  # noqa: F401 - fixture
 from qaudit.errors import InputError
 from qaudit.megatron.policies import POLICIES
 from qaudit.upstream.detect import locate_megatron, read_behaviour
@@ -246,21 +246,11 @@ def test_diff_takes_megatron_too(monkeypatch, capsys):
 
 # --- the real released package ----------------------------------------------------------------
 
-def _released_core() -> Path:
-    path = os.environ.get("QAUDIT_TEST_MEGATRON_CORE")
-    if path and (Path(path) / "megatron" / "core").is_dir():
-        return Path(path)
-    if os.environ.get("CI"):
-        pytest.fail("CI must provide megatron-core 0.19.2 in QAUDIT_TEST_MEGATRON_CORE (.ci/run)")
-    pytest.skip("QAUDIT_TEST_MEGATRON_CORE not set (scripts/megatron-releases fetch 0.19.2 DIR)")
-
-
-def test_installed_megatron_core_0_19_2_is_read_as_legacy(monkeypatch, capsys):
-    root = _released_core()
+def test_installed_megatron_core_0_19_2_is_read_as_legacy(monkeypatch, capsys, megatron):
+    root = megatron  # on sys.path, as a user's install would be
     target = resolve_megatron("auto", [str(root)])
     assert (target.source, target.version, target.kind) == ("installed", "0.19.2", "package")
     assert target.behaviour == KNOWN["0.19.2"] and target.note is None
-    monkeypatch.syspath_prepend(str(root))
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-mtp-bf16.yaml")
     assert code == 1 and "megatron: megatron-core 0.19.2 (installed:" in out
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-mtp-bf16.yaml",
