@@ -58,6 +58,21 @@ def test_mla_up_projections_fuse_a_norm_only_with_qk_layernorm(write):
                       "linear_kv_up_proj": "TELayerNormColumnParallelLinear"}
 
 
+@pytest.mark.parametrize("mla", [MLA, MLA + "mla_down_proj_fusion: true\n",
+                                 MLA.replace("q_lora_rank: 32", "q_lora_rank: null")])
+def test_selective_recompute_of_mla_up_proj_reruns_the_up_projections(write, mla):
+    """multi_latent_attention.py runs qkv_up_proj_and_rope_apply under a checkpoint: one no-grad
+    pass, then the grad rerun in backward, which sees False and accumulates."""
+    text = mla + "recompute_granularity: selective\nrecompute_modules: [mla_up_proj]\n"
+    rows = {r.name[len(ATTN):]: r for r in audit_files(write("r.yaml", text), None, FAST).modules
+            if r.name.startswith(ATTN)}
+    up = [n for n in rows if "up_proj" in n or n == "linear_q_proj"]
+    assert len(up) == 2
+    for name, row in rows.items():
+        expected = (1, "accumulate") if name in up else (0, "overwrite-first")
+        assert (row.nograd_calls_per_microbatch, row.accumulation) == expected, name
+
+
 def test_mla_single_q_projection_fuses_the_norm_with_qk_layernorm(write):
     # mla_qk_norm_config.py: without q_lora_rank the query norm goes into linear_q_proj.
     base = MLA.replace("q_lora_rank: 32", "q_lora_rank: null")

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from qaudit.megatron.dims import Dims
+from qaudit.megatron.recompute import checkpointed
 
 
 def _attend(d: Dims, q: torch.Tensor, kv: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
@@ -52,14 +53,28 @@ class MLASelfAttention(torch.nn.Module):
         self.linear_kv_down_proj = b.down_projection(d.hidden, d.kv_lora_rank + d.qk_pos_emb_head_dim)
         self.linear_kv_up_proj = b.up_projection(d.kv_lora_rank, kv_width, norm)
         self.linear_proj = b.row(d.heads * d.v_head_dim, d.hidden)
+        self.runtime = b.session.runtime
+        self.recompute_up_proj = b.config.selective_recompute("mla_up_proj")
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         d = self.dims
         x = self.input_layernorm(h)
-        q = (self.linear_q_up_proj(self.linear_q_down_proj(x)) if d.q_lora_rank
-             else self.linear_q_proj(x))
+        q_latent = self.linear_q_down_proj(x) if d.q_lora_rank else x
         latent, k_pos = self.linear_kv_down_proj(x).split([d.kv_lora_rank, d.qk_pos_emb_head_dim], -1)
-        return self.linear_proj(_attend(d, q, self.linear_kv_up_proj(latent), k_pos))
+        q, kv = self.up_projections(q_latent, latent)
+        return self.linear_proj(_attend(d, q, kv, k_pos))
+
+    def up_projections(self, q_latent: torch.Tensor,
+                       kv_latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Upstream's `qkv_up_proj_and_rope_apply`: under selective recompute of
+        `mla_up_proj` it runs checkpointed (a no-grad pass, then a grad rerun in backward)."""
+        def up(q_in: torch.Tensor, kv_in: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            q_proj = self.linear_q_up_proj if self.dims.q_lora_rank else self.linear_q_proj
+            return q_proj(q_in), self.linear_kv_up_proj(kv_in)
+
+        if self.recompute_up_proj and self.training:
+            return checkpointed(up, self.runtime, q_latent, kv_latent)
+        return up(q_latent, kv_latent)
 
 
 class FusedMLASelfAttention(torch.nn.Module):
@@ -78,10 +93,14 @@ class FusedMLASelfAttention(torch.nn.Module):
         self.linear_kv_up_proj = b.up_projection(d.kv_lora_rank, d.heads * (d.qk_head_dim + d.v_head_dim),
                                                  norm)
         self.linear_proj = b.row(d.heads * d.v_head_dim, d.hidden)
+        self.runtime = b.session.runtime
+        self.recompute_up_proj = b.config.selective_recompute("mla_up_proj")
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         d = self.dims
         q_latent, kv_latent, k_pos = self.linear_qkv_down_proj(h).split(
             [d.q_lora_rank, d.kv_lora_rank, d.qk_pos_emb_head_dim], -1)
-        q = self.linear_q_up_proj(q_latent)
-        return self.linear_proj(_attend(d, q, self.linear_kv_up_proj(kv_latent), k_pos))
+        q, kv = self.up_projections(q_latent, kv_latent)
+        return self.linear_proj(_attend(d, q, kv, k_pos))
+
+    up_projections = MLASelfAttention.up_projections
