@@ -118,8 +118,8 @@ def check(
 ) -> None:
     """Build the model, run a few steps, and report every TE module. Exit 1 on errors.
 
-    Under `torchrun --nproc-per-node P -m qaudit check ...` each process runs one pipeline
-    stage; rank 0 prints the merged report and every rank exits with the same code."""
+    Under `torchrun --nproc-per-node P --no-python qaudit check ...` each process runs one
+    pipeline stage; rank 0 prints the merged report and every rank exits with the same code."""
     from qaudit import distributed
     from qaudit.audit import AuditOptions
 
