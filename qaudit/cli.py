@@ -115,6 +115,10 @@ def check(
     allow_import: bool = typer.Option(False, "--allow-import", help="Import and call the "
                                       "recipe's custom_recipe_factory (runs Python code the "
                                       "recipe names). Off by default: nothing is imported."),
+    allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run even when "
+                                          "the estimated audit time (modules x steps x "
+                                          "microbatches) is over 10 minutes; refused (exit "
+                                          "2) otherwise."),
 ) -> None:
     """Build the model, run a few steps, and report every TE module. Exit 1 on errors.
 
@@ -133,7 +137,8 @@ def check(
                            runtime=runtime.value, device=device.value if device else None,
                            seed=seed, evaluation=evaluation, verify=verify,
                            compare_policies=compare_policies, allow_import=allow_import,
-                           full_size=full_size, rank=rank, world=world)
+                           full_size=full_size, rank=rank, world=world,
+                           allow_long_audit=allow_long_audit)
     # Under torchrun every rank reaches the same outcome and only rank 0 speaks.
     speaks = world is None or world.is_leader
     code = _check(config, recipe, options, set_values, output_format, fail_on, output, expand,
