@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Mapping, TextIO
 
 from qaudit.errors import InputError
+from qaudit.outputs import append_file, check_clashes, check_output_path, write_file
+from qaudit.render.defuse import defuse
 from qaudit.report import Report
 
 STDOUT_FORMATS = ("table", "markdown", "json", "sarif", "github")
@@ -27,6 +27,12 @@ MIN_WIDTH, MAX_WIDTH = 60, 240
 
 def render(report: Report, exit_code: int, fmt: str, *, expand: bool = False,
            color: bool = False, width: int = 80) -> str:
+    text = _render(report, exit_code, fmt, expand=expand, color=color, width=width)
+    return text if fmt == "github" else defuse(text)
+
+
+def _render(report: Report, exit_code: int, fmt: str, *, expand: bool,
+            color: bool, width: int) -> str:
     if fmt == "table":
         from qaudit.render.table import render_table
         return render_table(report, exit_code, width=width, color=color, expand=expand)
