@@ -9,6 +9,7 @@ and a ParsingError on `$#`, both common in Megatron's launch scripts.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from qaudit.errors import InputError
@@ -16,7 +17,7 @@ from qaudit.errors import InputError
 # --- word parts -------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class Lit:
     """Literal characters; `quoted` ones are never split into several words."""
 
@@ -25,7 +26,7 @@ class Lit:
     quoted: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class Param:
     """`$NAME`, `${NAME}`, `${NAME:-word}`, `${#NAME}`, `${NAME[@]}`, `$1`, `$@`, ..."""
 
@@ -37,7 +38,7 @@ class Param:
     arg: list = field(default_factory=list)  # parts of the word after the operator
 
 
-@dataclass
+@dataclass(slots=True)
 class CmdSub:
     """`$(...)` or a backtick substitution: never run, its value is unknown."""
 
@@ -46,7 +47,7 @@ class CmdSub:
     quoted: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class Arith:
     """`$((...))`: evaluated from known values only (see `arith`)."""
 
@@ -55,7 +56,7 @@ class Arith:
     quoted: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class WordTok:
     parts: list
     line: int
@@ -73,13 +74,13 @@ class WordTok:
         return None
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     kind: str  # '\n', ';', ';;', ';&', ';;&', '&', '&&', '|', '||', '|&', '(', ')', redirs
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class ArrayAssign:
     """`NAME=( words )` or `NAME+=( words )`."""
 
@@ -89,7 +90,7 @@ class ArrayAssign:
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class ArithCmd:
     """`(( expression ))` used as a command."""
 
@@ -100,6 +101,16 @@ class ArithCmd:
 REDIRECTIONS = ("<<<", "<<-", "&>>", "<<", ">>", "<&", ">&", "&>", "<>", ">|", "<", ">")
 _OPERATORS = (";;&", ";;", ";&", "&&", "||", "|&", ";", "&", "|", "(", ")")
 _META = set(" \t\n;&|()<>")
+# Runs of characters with no meaning to the lexer, read in one step (a 1 MiB script must lex in
+# about a second): outside quotes, anything but _META, backslash, quotes, `$` and backtick;
+# inside double quotes, anything but the quote, backslash, `$`, backtick and newline.
+_WORD_RUN = re.compile(r"[^ \t\n;&|()<>\\'\"$`]+")
+_QUOTED_RUN = re.compile(r"[^\"\\$`\n]+")
+_OPERATOR_START = set("<>&|;()")
+# Words and operators in one script. Real launch scripts have a few hundred (the largest of
+# the corpus: 366); each costs a few hundred bytes once parsed, so this bounds the memory of a
+# 1 MiB script made of tiny commands.
+MAX_TOKENS = 100_000
 _NAME_START = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _NAME_CHARS = _NAME_START | set("0123456789")
 _SPECIAL_PARAMS = set("@*#?$!-0123456789")
@@ -118,6 +129,11 @@ class _WordParts:
     def char(self, c: str, line: int) -> None:
         self._chars.append(c)
         self._lines.append(line)
+
+    def run(self, text: str, line: int) -> None:
+        """Several characters of one line."""
+        self._chars.append(text)
+        self._lines.extend([line] * len(text))
 
     def pending(self) -> str:
         return "".join(self._chars)
@@ -141,6 +157,7 @@ class Lexer:
         self.pos = 0
         self.line = line
         self.heredocs: list[tuple[str, bool]] = []
+        self.count = 0  # tokens so far, array elements included
 
     def fail(self, message: str, line: int | None = None) -> InputError:
         return InputError(f"cannot read the script: {message}", file=self.file,
@@ -171,6 +188,13 @@ class Lexer:
             else:
                 return
 
+    def counted(self, token):
+        self.count += 1
+        if self.count > MAX_TOKENS:
+            raise self.fail(f"more than {MAX_TOKENS:,} words and operators (real launch "
+                            f"scripts have a few hundred)")
+        return token
+
     # --- tokens ------------------------------------------------------------------------------
     def tokens(self) -> list:
         result: list = []
@@ -182,15 +206,15 @@ class Lexer:
             line = self.line
             if c == "\n":
                 self.advance()
-                result.append(Op("\n", line))
+                result.append(self.counted(Op("\n", line)))
                 self.read_heredoc_bodies()
                 continue
             if c == "(" and self.peek(1) == "(":
-                result.append(self.arith_command())
+                result.append(self.counted(self.arith_command()))
                 continue
             op = self.operator()
             if op is not None:
-                result.append(Op(op, line))
+                result.append(self.counted(Op(op, line)))
                 if op in ("<<", "<<-"):
                     self.heredoc_delimiter(op == "<<-")
                 continue
@@ -198,9 +222,11 @@ class Lexer:
             if not word.parts:
                 continue  # an fd number, dropped
             array = self.array_assignment(word)
-            result.append(array if array is not None else word)
+            result.append(self.counted(array if array is not None else word))
 
     def operator(self) -> str | None:
+        if self.peek() not in _OPERATOR_START:
+            return None
         for op in REDIRECTIONS + _OPERATORS:
             if self.text.startswith(op, self.pos):
                 self.advance(len(op))
@@ -274,12 +300,21 @@ class Lexer:
                 raise self.fail(f"unexpected {c!r} inside the array {name}=( ... )")
             word = self.word()
             if word.parts:
-                elements.append(word)
+                elements.append(self.counted(word))
 
     # --- words -------------------------------------------------------------------------------
     def _take_char(self, word: _WordParts) -> None:
         line = self.line
         word.char(self.advance(), line)
+
+    def _take_run(self, word: _WordParts, pattern: re.Pattern) -> None:
+        """A run of plain characters (never a newline), or one character."""
+        match = pattern.match(self.text, self.pos)
+        if match is None:
+            self._take_char(word)
+            return
+        word.run(match.group(), self.line)
+        self.pos = match.end()
 
     def word(self) -> WordTok:
         line = self.line
@@ -316,7 +351,7 @@ class Lexer:
             elif c == "`":
                 word.add(self.backtick(quoted=False))
             else:
-                self._take_char(word)
+                self._take_run(word, _WORD_RUN)
         word.flush()
         return WordTok(word.parts, line)
 
@@ -329,12 +364,14 @@ class Lexer:
         return self._literal_until(end, quoted=True, skip=1)
 
     def _literal_until(self, end: int, quoted: bool, skip: int) -> Lit:
-        chars, lines = [], []
-        while self.pos < end:
-            lines.append(self.line)
-            chars.append(self.advance())
+        text = self.text[self.pos:end]
+        lines: list[int] = []
+        pieces = text.split("\n")
+        for offset, piece in enumerate(pieces):  # a newline belongs to the line it ends
+            lines.extend([self.line + offset] * (len(piece) + (offset < len(pieces) - 1)))
+        self.advance(end - self.pos)
         self.advance(skip)
-        return Lit("".join(chars), lines, quoted)
+        return Lit(text, lines, quoted)
 
     def ansi_c_quoted(self) -> Lit:
         line = self.line
@@ -384,7 +421,7 @@ class Lexer:
             elif c == "`":
                 word.add(self.backtick(quoted=True))
             else:
-                self._take_char(word)
+                self._take_run(word, _QUOTED_RUN)
 
     def backtick(self, quoted: bool) -> CmdSub:
         line = self.line
