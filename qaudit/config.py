@@ -11,6 +11,7 @@ from qaudit.errors import InputError
 from qaudit.megatron.hybrid_pattern import MOE, HybridPattern, parse_pattern
 from qaudit.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
 from qaudit.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
+from qaudit.upstream_checks import check_upstream
 from qaudit.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
 
 
@@ -465,6 +466,8 @@ def _validate(config: ModelConfig) -> None:
              "recipe together with --te-precision-config-file)")
     hybrid.validate(config, fail)
     t5.validate(config, fail)
+    if config.source is not None:
+        check_upstream(config, config.source.mapping, fail)
     _check_build_size(config, fail)
     from qaudit.megatron.pipeline import pipeline_layout
 

@@ -14,6 +14,7 @@ from qaudit.config import MODELLED_FIELDS, SourceNote
 from qaudit.errors import InputError
 from qaudit.sources import megatron_flags as flags
 from qaudit.sources.argv import Argv, Occurrence
+from qaudit.sources.checked_flags import apply_checked
 from qaudit.sources.hybrid_flags import apply_hybrid
 from qaudit.sources.t5_flags import apply_t5
 from qaudit.sources.megatron_flags import to_int
@@ -94,6 +95,7 @@ class Translator:
                 self.apply_modelled(occurrence, self.modelled[flag])
             self.classify(occurrence)
         self.apply_special()
+        apply_checked(self)
         self.check_required()
         self.note_loose_words()
         return Translation(self.mapping, self.notes, self.flag_of)
