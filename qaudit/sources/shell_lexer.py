@@ -110,7 +110,7 @@ _OPERATOR_START = set("<>&|;()")
 # Words and operators in one script. Real launch scripts have a few hundred (the largest of
 # the corpus: 366); each costs a few hundred bytes once parsed, so this bounds the memory of a
 # 1 MiB script made of tiny commands.
-MAX_TOKENS = 100_000
+MAX_TOKENS = 100_000  # the parts of a word (literal runs, $expansions, quotes) count too
 _NAME_START = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _NAME_CHARS = _NAME_START | set("0123456789")
 _SPECIAL_PARAMS = set("@*#?$!-0123456789")
@@ -120,9 +120,10 @@ class _WordParts:
     """The parts of a word being read: finished parts, and the literal run since the last one
     (its characters and the line of each)."""
 
-    def __init__(self, quoted: bool) -> None:
+    def __init__(self, quoted: bool, counted=lambda part: part) -> None:
         self.parts: list = []
         self.quoted = quoted
+        self.counted = counted  # Lexer.counted: every part counts against MAX_TOKENS
         self._chars: list[str] = []
         self._lines: list[int] = []
 
@@ -141,13 +142,14 @@ class _WordParts:
     def flush(self, keep_empty: bool = False) -> None:
         """End the literal run; `keep_empty`: a word with no parts yet still gets one ("")."""
         if self._chars or (keep_empty and not self.parts):
-            self.parts.append(Lit("".join(self._chars), list(self._lines), self.quoted))
+            self.parts.append(self.counted(Lit("".join(self._chars), list(self._lines),
+                                               self.quoted)))
             self._chars.clear()
             self._lines.clear()
 
     def add(self, *parts) -> None:
         self.flush()
-        self.parts.extend(parts)
+        self.parts.extend(self.counted(part) for part in parts)
 
 
 class Lexer:
@@ -191,8 +193,8 @@ class Lexer:
     def counted(self, token):
         self.count += 1
         if self.count > MAX_TOKENS:
-            raise self.fail(f"more than {MAX_TOKENS:,} words and operators (real launch "
-                            f"scripts have a few hundred)")
+            raise self.fail(f"more than {MAX_TOKENS:,} words, operators and quoted or expanded "
+                            f"parts (real launch scripts have a few hundred)")
         return token
 
     # --- tokens ------------------------------------------------------------------------------
@@ -318,7 +320,7 @@ class Lexer:
 
     def word(self) -> WordTok:
         line = self.line
-        word = _WordParts(quoted=False)
+        word = _WordParts(quoted=False, counted=self.counted)
         while True:
             c = self.peek()
             if c == "" or c in _META:
@@ -397,7 +399,7 @@ class Lexer:
     def double_quoted(self) -> list:
         line = self.line
         self.advance()
-        word = _WordParts(quoted=True)
+        word = _WordParts(quoted=True, counted=self.counted)
         while True:
             c = self.peek()
             if c == "":
@@ -565,7 +567,7 @@ class Lexer:
 
     def braced_word(self, line: int, quoted: bool) -> list:
         """The word after `${name:-`, up to the matching '}' (quotes and expansions allowed)."""
-        word = _WordParts(quoted)
+        word = _WordParts(quoted, counted=self.counted)
         while True:
             c = self.peek()
             if c == "":
