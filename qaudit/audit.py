@@ -17,7 +17,7 @@ from qaudit.distributed import World, agreed, all_gather, processes_on_this_mach
 from qaudit.errors import InputError
 from qaudit.megatron.dims import model_dims
 from qaudit.megatron.gpt import GPTModel, build_model
-from qaudit.megatron.policies import COMPARED_POLICIES, DEFAULT_POLICY, POLICIES
+from qaudit.megatron.policies import COMPARED_POLICIES, POLICIES, TrackingPolicy
 from qaudit.megatron.session import Session
 from qaudit.probe import CallRecord
 from qaudit.recipe import QuantRecipe, import_custom_factory, load_recipe
@@ -28,13 +28,20 @@ from qaudit.runtime import select_runtime
 from qaudit.sizes import FULL_SIZE_BYTES_PER_PARAM, available_memory_bytes, model_params
 from qaudit.sources import load_source_config
 from qaudit.train import run_evaluation, run_training
+from qaudit.upstream.target import MegatronTarget, check_config_runs_on, resolve_megatron
+from qaudit.upstream.te import TETarget, resolve_te
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 
 @dataclass(frozen=True)
 class AuditOptions:
-    policy: str = DEFAULT_POLICY
+    # --policy: an explicit tracking behaviour, over the one of the Megatron below.
+    policy: str | None = None
+    # --megatron: "auto", "main" or a release; resolved once into a MegatronTarget.
+    megatron: str | MegatronTarget = "auto"
+    # --te: "auto", "main" or a TE release; resolved once into a TETarget.
+    te: str | TETarget = "auto"
     steps: int = 2
     microbatches: int = 2
     runtime: str = "auto"
@@ -94,6 +101,8 @@ def audit_files(config_path: str, recipe_path: str | None = None,
                 options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
     config, recipe = agreed(options.world,
                             lambda: load_inputs(config_path, recipe_path, dict(options.variables)))
+    options = replace(options, megatron=megatron_target(options),  # once, for every re-audit
+                      te=te_target(options))
     report = audit_config(config, recipe, options)
     if suggest:
         from qaudit.suggest import suggest as find_remedies
@@ -102,16 +111,38 @@ def audit_files(config_path: str, recipe_path: str | None = None,
     return report
 
 
+def megatron_target(options: AuditOptions) -> MegatronTarget:
+    if isinstance(options.megatron, MegatronTarget):
+        return options.megatron
+    return resolve_megatron(options.megatron)
+
+
+def te_target(options: AuditOptions) -> TETarget:
+    if isinstance(options.te, TETarget):
+        return options.te
+    return resolve_te(options.te)
+
+
+def effective_policy(options: AuditOptions) -> TrackingPolicy:
+    """--policy when given, else the behaviour of the Megatron the verdict is for."""
+    if options.policy is not None:
+        return POLICIES[options.policy]
+    return megatron_target(options).behaviour.tracking_policy()
+
+
 def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
               policy_name: str | None = None) -> AuditRun:
-    policy = POLICIES[policy_name or options.policy]
+    policy = POLICIES[policy_name] if policy_name else effective_policy(options)
+
+    te = te_target(options)
 
     def build() -> tuple[Session, GPTModel, dict[str, str]]:
         if options.world is not None:
             check_world_matches_stages(config, options.world)
         if options.full_size:
             check_full_size_fits(config, processes_here=processes_on_this_machine(options.world))
-        session = Session(select_runtime(options.runtime, options.device), policy)
+        runtime = _runtime_for(config, options, te, recipe)
+        session = Session(runtime, policy, te=te.behaviour)
         model = build_model(config, model_dims(config, options.full_size), session, recipe,
                             seed=options.seed)
         check_run_cost(model.audited_modules(), steps=options.steps,
@@ -140,9 +171,10 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
         if options.verify and step == options.steps - 1:
             snapshot.update({name: p.detach().clone() for name, p in model.named_parameters()})
 
-    if options.evaluation:
+    if options.evaluation or config.freeze_all_layers:
         run_evaluation(model, session.recorder, options.steps, options.microbatches, options.seed,
-                       forward=runner.forward_only if runner else None)
+                       forward=runner.forward_only if runner else None,
+                       frozen_training=not options.evaluation)
     else:
         run_training(model, session.recorder, options.steps, options.microbatches, options.seed,
                      before_step=keep_last_step_weights,
@@ -157,10 +189,12 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
     for module in modules:
         own = records.get(module.fqn, [])
         quant_config = getattr(module, "quant_config", None)
+        frozen = bool(module.weights()) and not any(w.requires_grad for w in module.weights())
         rows[module.fqn] = ModuleRow(
             name=module.fqn, type=module.upstream_class, precision=_not_executed(precision_of(own)),
             recipe=quant_config.name if quant_config else "-",
-            tracked=tracked_of(own, module.is_te, rearmed), accumulation=accumulation_of(own),
+            tracked=tracked_of(own, module.is_te, rearmed),
+            accumulation="frozen" if frozen else accumulation_of(own),
             calls_per_microbatch=calls_per_microbatch(own, grad=True),
             nograd_calls_per_microbatch=calls_per_microbatch(own, grad=False),
             stage=module.stage, chunk=module.chunk)
@@ -176,6 +210,71 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
         bindings=bindings, evaluation=options.evaluation, allow_import=options.allow_import,
         custom_factories=factories)
     return AuditRun(model, session, records, rows_in_order, facts, snapshot or None)
+
+
+# Settings only the reference runtime reproduces (docs/te-settings.md); the te runtime would
+# need TE's own constructor arguments, quantized_model_init and graph capture for them.
+_REFERENCE_ONLY = ("delay_wgrad_compute", "fp8_param", "fp4_param", "freeze_all_layers")
+
+
+def reference_only_settings(config: ModelConfig, recipe: QuantRecipe | None = None) -> list[str]:
+    found = [name for name in _REFERENCE_ONLY if getattr(config, name)]
+    if config.graph_impl in ("local", "transformer_engine"):
+        found.append("cuda_graph_impl")
+    if recipe is not None and _recipe_has_primary_weights(recipe):
+        found.append("quant_recipe")
+    return found
+
+
+def _recipe_has_primary_weights(recipe: QuantRecipe) -> bool:
+    """A recipe config asking for primary quantized weights (read from the raw payloads: an
+    invalid one is QA014's business)."""
+    for payload in recipe.configs.values():
+        for key in ("training_recipe", "evaluation_recipe"):
+            part = payload.get(key) if isinstance(payload, dict) else None
+            if isinstance(part, dict) and (part.get("fp8_param") is True
+                                           or part.get("fp4_param") is True):
+                return True
+    return False
+
+
+def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget,
+                 recipe: QuantRecipe | None = None):
+    """The runtime, with `auto` falling back to reference for settings only it models."""
+    needs_reference = reference_only_settings(config, recipe)
+    name = options.runtime
+    if name == "te" and te.source == "named":
+        # The te runtime runs the installed TE; a named version is for the reference's model.
+        raise InputError(f"--te {te.version} names the TE behaviour the reference runtime "
+                         "models; --runtime te runs the installed Transformer Engine (leave "
+                         "--te at auto, or use --runtime reference)")
+    if name == "auto" and (needs_reference or te.source == "named"):
+        name = "reference"
+    if name == "te" and needs_reference:
+        key = needs_reference[0]
+        what = "primary quantized weights (the recipe's fp8_param)" if key == "quant_recipe" \
+            else key
+        raise InputError(f"--runtime te does not model {what} yet (the reference runtime does: "
+                         "docs/te-settings.md); use --runtime reference",
+                         file=config.file, line=config.line_of(key), key=key)
+    return select_runtime(name, options.device,
+                          reads_overwrite_main_grad=te.behaviour.reads_overwrite_main_grad)
+
+
+def check_config_runs_on_te(config: ModelConfig, te: TETarget) -> None:
+    """What Megatron refuses for the TE version audited for (megatron/core/extensions/
+    transformer_engine.py, megatron/training/arguments.py): exit 2, as for a Megatron."""
+    behaviour = te.behaviour
+    line = config.line_of("delay_wgrad_compute")
+    if config.delay_wgrad_compute and not behaviour.delay_wgrad:
+        raise InputError(f"delay_wgrad_compute needs Transformer Engine 2.3 or newer (Megatron "
+                         f"refuses it with {te.label()}); pass --te VERSION for the TE you run",
+                         file=config.file, line=line, key="delay_wgrad_compute")
+    if config.delay_wgrad_compute and not config.gradient_accumulation_fusion \
+            and not behaviour.delay_wgrad_hooks:
+        raise InputError(f"delay_wgrad_compute without gradient accumulation fusion needs "
+                         f"Transformer Engine 2.7 or newer (Megatron asserts it; audited for "
+                         f"{te.label()})", file=config.file, line=line, key="delay_wgrad_compute")
 
 
 def _merge_stages(per_rank: list[tuple[dict, dict, dict]]) -> tuple[dict, dict, dict]:
@@ -271,8 +370,13 @@ def group_verdicts(rows: list[ModuleRow]) -> dict[str, str]:
 
 def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
                  options: AuditOptions = AuditOptions()) -> Report:
-    if options.policy not in POLICIES:
+    if options.policy is not None and options.policy not in POLICIES:
         raise ValueError(f"unknown policy {options.policy!r}")
+    target = megatron_target(options)
+    check_config_runs_on(config, target)
+    te = te_target(options)
+    check_config_runs_on_te(config, te)
+    options = replace(options, megatron=target, te=te)
     # The shrunk model's tensors are tiny: extra intra-op threads only add synchronisation,
     # and spin badly when the machine is busy.
     threads = torch.get_num_threads()
@@ -296,7 +400,8 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
     report = Report(runtime=run.session.runtime.description, policy=run.facts.policy.name,
                     config=config.file or "<memory>", recipe=recipe.file if recipe else None,
                     steps=options.steps, microbatches=options.microbatches,
-                    modules=rows, findings=findings)
+                    modules=rows, findings=findings,
+                    megatron=megatron_target(options).to_dict(), te=te_target(options).to_dict())
     if options.compare_policies:
         report.policies = compare_policies(config, recipe, options, rows)
     if options.rank is not None:
@@ -319,9 +424,12 @@ def compare_policies(config: ModelConfig, recipe: QuantRecipe | None, options: A
                      current_rows: list[ModuleRow]) -> dict[str, dict[str, str]]:
     """Per module group, the verdict under each upstream tracking behaviour."""
     plain = replace(options, verify=False, compare_policies=False)
+    run_policy = effective_policy(options)
+    # The audited run's rows stand for a column only when its behaviour is exactly that one.
+    run_policy_name = run_policy.name if run_policy == POLICIES.get(run_policy.name) else None
     per_policy = {}
     for name in COMPARED_POLICIES:
-        if name == options.policy:
+        if name == run_policy_name:
             rows = current_rows
         else:
             run = run_audit(config, recipe, plain, policy_name=name)

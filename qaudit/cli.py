@@ -27,6 +27,7 @@ class Policy(str, Enum):
     config = "config"
     module = "module"
     pre_5642 = "pre-5642"
+    always_rearm = "always-rearm"
 
 
 class OutputFormat(str, Enum):
@@ -54,6 +55,19 @@ class DeviceChoice(str, Enum):
     cuda = "cuda"
 
 
+MEGATRON_HELP = ("The Megatron the verdict is for. auto (default): the Megatron this Python "
+                 "would import, its behaviour read from its code (never imported); with none, "
+                 "the newest megatron-core release qaudit knows, said in the report. main: "
+                 "Megatron-LM main. VERSION: a megatron-core release (0.5.0 ... 0.19.2).")
+TE_HELP = ("The Transformer Engine behaviour the verdict is for. auto (default): the version of "
+           "the TE this Python would import, read from its package metadata (TE is not "
+           "imported); with none, the newest TE release qaudit knows, said in the report. "
+           "main: TE main (2.20.0.dev0). VERSION: a TE release (1.9 ... 2.20.2).")
+POLICY_HELP = ("Override the tracking behaviour of --megatron: legacy (megatron-core 0.19), "
+               "pre-5642 (0.9-0.18: a quant_recipe alone does not re-arm), always-rearm "
+               "(0.5-0.8), config (main, PR #6965), module (PR #7353).")
+
+
 def _fail(message: str, code: int) -> None:
     typer.echo(message, err=True)
     raise typer.Exit(code)
@@ -72,10 +86,10 @@ def check(
                                                    "file takes from outside (environment "
                                                    "variable, ${VAR} placeholder, script argument "
                                                    "number); repeatable."),
-    policy: Policy = typer.Option(Policy.config, help="Megatron's is_first_microbatch tracking: "
-                                  "legacy (before PR #6965), config (PR #6965, upstream), "
-                                  "module (PR #7353), pre-5642 (before PR #5642: a quant_recipe "
-                                  "alone does not re-arm)."),
+    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION",
+                                 help=MEGATRON_HELP),
+    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION", help=TE_HELP),
+    policy: Optional[Policy] = typer.Option(None, help=POLICY_HELP),
     steps: int = typer.Option(2, min=1, max=100, help="Training steps to run."),
     microbatches: int = typer.Option(2, min=1, max=64, help="Microbatches per step."),
     output_format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
@@ -133,7 +147,8 @@ def check(
             distributed.join(world)
     except EnvironmentProblem as exc:
         _fail(f"error: {exc}", EXIT_INTERNAL)
-    options = AuditOptions(policy=policy.value, steps=steps, microbatches=microbatches,
+    options = AuditOptions(policy=policy.value if policy else None, megatron=megatron, te=te,
+                           steps=steps, microbatches=microbatches,
                            runtime=runtime.value, device=device.value if device else None,
                            seed=seed, evaluation=evaluation, verify=verify,
                            compare_policies=compare_policies, allow_import=allow_import,
@@ -249,7 +264,12 @@ def diff(
     head: str = typer.Argument(..., help="Head config YAML, or a JSON report."),
     recipe_base: Optional[str] = typer.Option(None, "--recipe-base", help="Quant recipe for BASE."),
     recipe_head: Optional[str] = typer.Option(None, "--recipe-head", help="Quant recipe for HEAD."),
-    policy: Policy = typer.Option(Policy.config, help="Tracking policy for both audits."),
+    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION",
+                                 help="The Megatron both audits are for (as for check)."),
+    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION",
+                           help="The Transformer Engine both audits are for (as for check)."),
+    policy: Optional[Policy] = typer.Option(None, help="Tracking policy for both audits, over "
+                                            "the Megatron's own."),
     steps: int = typer.Option(2, min=1, max=100, help="Training steps to run."),
     microbatches: int = typer.Option(2, min=1, max=64, help="Microbatches per step."),
     runtime: RuntimeChoice = typer.Option(RuntimeChoice.auto, help="auto, reference or te."),
@@ -271,12 +291,17 @@ def diff(
     from qaudit.outputs import check_clashes
     from qaudit.render import parse_outputs
 
-    options = AuditOptions(policy=policy.value, steps=steps, microbatches=microbatches,
-                           runtime=runtime.value, seed=seed, allow_long_audit=allow_long_audit)
+    from qaudit.upstream.target import resolve_megatron
+    from qaudit.upstream.te import resolve_te
+
     inputs = [("base", base), ("head", head)] + [
         (what, path) for what, path in (("base recipe", recipe_base), ("head recipe", recipe_head))
         if path]
     try:
+        options = AuditOptions(policy=policy.value if policy else None,
+                               megatron=resolve_megatron(megatron), te=resolve_te(te), steps=steps,
+                               microbatches=microbatches, runtime=runtime.value, seed=seed,
+                               allow_long_audit=allow_long_audit)
         outputs = parse_outputs(output, tuple(f.value for f in DiffFormat))
         written = written_files(outputs)
         check_clashes(written, inputs)

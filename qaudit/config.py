@@ -11,6 +11,7 @@ from qaudit.errors import InputError
 from qaudit.megatron.hybrid_pattern import MOE, HybridPattern, parse_pattern
 from qaudit.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
 from qaudit.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
+from qaudit.unmodelled import HYBRID_WITHOUT_PATTERN, note_for_setting
 from qaudit.upstream_checks import check_upstream
 from qaudit.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
 
@@ -60,6 +61,11 @@ class ModelConfig:
     qk_head_dim: int = 128
     qk_pos_emb_head_dim: int = 64
     v_head_dim: int = 128
+    # Norms on the MLA latents: fused into the up projections (TELayerNormColumnParallelLinear
+    # instead of TEColumnParallelLinear). Standard attention's q/k norms are not linears.
+    qk_layernorm: bool = False
+    # MLA: one fused q/kv down projection (`linear_qkv_down_proj`) with the input norm.
+    mla_down_proj_fusion: bool = False
     recompute_granularity: str | None = None
     recompute_method: str | None = None
     recompute_num_layers: int | None = None
@@ -71,6 +77,9 @@ class ModelConfig:
     num_layers_in_last_pipeline_stage: int | None = None
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
+    # An explicit layout ("Et*3|(tt|)*6tmL" or the list form): per model chunk, which layers
+    # it holds; sets the virtual pipeline size (qaudit/megatron/pp_layout.py).
+    pipeline_model_parallel_layout: str | list | None = None
     # Megatron-FSDP (DDP config, not TransformerConfig): optim_grads* sharding sets
     # overwrite_main_grad on the weights (semantics.md §1.3).
     use_megatron_fsdp: bool = False
@@ -90,6 +99,24 @@ class ModelConfig:
     # `encoder_config.num_layers`). Set, it makes the model a T5Model whose decoder has
     # `num_layers` layers. See qaudit/t5.py.
     encoder_num_layers: int | None = None
+    # Settings that change what TE does (docs/te-settings.md): delayed weight gradients,
+    # per-layer CUDA graphs (the deprecated switches and scope name as upstream translates
+    # them), primary quantized weights, and Megatron's --freeze-all-layers (an argument, not
+    # a TransformerConfig field).
+    delay_wgrad_compute: bool = False
+    cuda_graph_impl: str = "none"
+    enable_cuda_graph: bool = False
+    external_cuda_graph: bool = False
+    cuda_graph_modules: str | list[str] | None = None
+    cuda_graph_scope: str | list[str] | None = None
+    fp8_param: bool = False
+    fp4_param: bool = False
+    freeze_all_layers: bool = False
+    # Which layer spec builds the model (qaudit's own key, not a TransformerConfig field):
+    # "te", Megatron's TE spec, or "modelopt", the spec of Megatron's ModelOpt builder
+    # (Megatron's own linears). The flag route sets it from the entry point
+    # (qaudit/sources/modelopt_flags.py).
+    layer_spec: str = "te"
     # Where each key was written; not a model field.
     source: "ConfigSource" = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -168,6 +195,27 @@ class ModelConfig:
     @property
     def file(self) -> str | None:
         return self.source.file if self.source else None
+
+    @property
+    def graph_impl(self) -> str:
+        """The CUDA-graph implementation after upstream's translation of the deprecated
+        switches (TransformerConfig.__post_init__): none, local, transformer_engine or
+        full_iteration."""
+        if self.enable_cuda_graph:
+            return "local"
+        if self.external_cuda_graph:
+            return "transformer_engine"
+        if "full_iteration" in self.graph_modules():
+            return "full_iteration"
+        return self.cuda_graph_impl
+
+    def graph_modules(self) -> list[str]:
+        """The capture scopes (cuda_graph_modules, or the deprecated cuda_graph_scope); empty
+        means whole layers, as upstream turns "full" into an empty list."""
+        value = self.cuda_graph_scope if self.cuda_graph_scope is not None \
+            else self.cuda_graph_modules
+        items = value if isinstance(value, list) else [] if value is None else [value]
+        return [item for item in items if item != "full"]
 
 
 @dataclass
@@ -272,6 +320,31 @@ def _pattern(key: str, value: Any) -> Any:
     return value
 
 
+_GRAPH_MODULES = ("full", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba",
+                  "full_iteration", "full_iteration_inference")
+
+
+def _graph_modules(key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if item not in _GRAPH_MODULES:
+            hint = did_you_mean(item, _GRAPH_MODULES) if isinstance(item, str) else ""
+            raise ValueError(f"unknown CUDA graph scope {short_repr(item)}{hint}; expected "
+                             f"some of {', '.join(_GRAPH_MODULES)}")
+    return list(value) if isinstance(value, list) else value
+
+
+def _layout(key: str, value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(row, list) for row in value):
+        return [list(row) for row in value]
+    raise ValueError(f"expected a layout string such as 'Et*3|(tt|)*6tmL' or a list of lists "
+                     f"of layer types, got {type_name(value)} {short_repr(value)}")
+
+
 def _layer_freq(key: str, value: Any) -> Any:
     if isinstance(value, list):
         for item in value:
@@ -318,6 +391,8 @@ _CHECKS: dict[str, Check] = {
     "qk_head_dim": _POSITIVE,
     "qk_pos_emb_head_dim": _POSITIVE,
     "v_head_dim": _POSITIVE,
+    "qk_layernorm": _bool,
+    "mla_down_proj_fusion": _bool,
     "recompute_granularity": _choice("full", "selective", nullable=True),
     "recompute_method": _choice("uniform", "block", nullable=True),
     "recompute_num_layers": _optional(_POSITIVE),
@@ -329,6 +404,7 @@ _CHECKS: dict[str, Check] = {
     "num_layers_in_last_pipeline_stage": _optional(_int(0)),
     "account_for_embedding_in_pipeline_split": _bool,
     "account_for_loss_in_pipeline_split": _bool,
+    "pipeline_model_parallel_layout": _layout,
     "use_megatron_fsdp": _bool,
     "data_parallel_sharding_strategy": _choice("no_shard", "optim", "optim_grads",
                                                "optim_grads_params"),
@@ -341,6 +417,16 @@ _CHECKS: dict[str, Check] = {
     "mamba_num_groups": _POSITIVE,
     "mamba_num_heads": _optional(_POSITIVE),
     "encoder_num_layers": _optional(_POSITIVE),
+    "delay_wgrad_compute": _bool,
+    "cuda_graph_impl": _choice("none", "local", "transformer_engine", "full_iteration"),
+    "enable_cuda_graph": _bool,
+    "external_cuda_graph": _bool,
+    "cuda_graph_modules": _graph_modules,
+    "cuda_graph_scope": _graph_modules,
+    "fp8_param": _bool,
+    "fp4_param": _bool,
+    "freeze_all_layers": _bool,
+    "layer_spec": _choice("te", "modelopt"),
 }
 MODELLED_FIELDS = frozenset(f.name for f in fields(ModelConfig) if f.name != "source")
 assert MODELLED_FIELDS == frozenset(_CHECKS), "every modelled field needs a check"
@@ -365,12 +451,17 @@ def load_model_config(path: Path, display: str | None = None) -> ModelConfig:
     return config_from_mapping(mapping, ConfigSource(display, path, mapping))
 
 
-def config_from_mapping(mapping: YamlMap, source: ConfigSource) -> ModelConfig:
+def config_from_mapping(mapping: YamlMap, source: ConfigSource,
+                        note_settings: bool = True) -> ModelConfig:
+    """`note_settings`: add a QA090 note for each setting in the unmodelled table
+    (qaudit/unmodelled.py); the flag routes have noted their flags already."""
     values: dict[str, Any] = {}
     for key, value in mapping.items():
         line = mapping.line_of(key)
         if not isinstance(key, str):
             raise InputError("field names must be strings", file=source.file, line=line, key=str(key))
+        if note_settings and key in MODELLED_FIELDS | ACCEPTED_FIELDS:
+            _note_setting(source, key, value, line)
         if key in _CHECKS:
             try:
                 values[key] = _CHECKS[key](key, value)
@@ -382,6 +473,9 @@ def config_from_mapping(mapping: YamlMap, source: ConfigSource) -> ModelConfig:
     for key in REQUIRED_FIELDS:
         if key not in values and not (key == "num_layers" and hybrid.counts_layers(values)):
             raise InputError("required field is missing", file=source.file, line=mapping.line, key=key)
+    if note_settings and mapping.get("is_hybrid_model") is True and not hybrid.counts_layers(values):
+        source.notes.append(SourceNote(f"is_hybrid_model true: {HYBRID_WITHOUT_PATTERN}",
+                                       mapping.line_of("is_hybrid_model"), "is_hybrid_model"))
     given = set(values)
     values.setdefault("num_layers", 0)  # a hybrid pattern gives it (hybrid.resolve)
     config = ModelConfig(**values, source=source)
@@ -390,6 +484,29 @@ def config_from_mapping(mapping: YamlMap, source: ConfigSource) -> ModelConfig:
     _fill_defaults(config)
     _validate(config)
     return config
+
+
+def setting_text(value: Any) -> str:
+    """A setting's value as the user would write it in YAML."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return short_repr(value, 40)[1:-1]
+    if isinstance(value, list):
+        return "[" + ", ".join(setting_text(v) for v in value[:8]) + (", ..." if len(value) > 8 else "") + "]"
+    return short_repr(value, 40)
+
+
+def _note_setting(source: ConfigSource, key: str, value: Any, line: int | None) -> None:
+    why = note_for_setting(key, value)
+    if why is None:
+        return
+    if key == "transformer_impl" and value == "local":
+        # As on the command line (qaudit/sources/translate.py): nothing to audit.
+        raise InputError("transformer_impl local: no TE modules, nothing to audit",
+                         file=source.file, line=line, key=key)
+    shown = setting_text(value)
+    source.notes.append(SourceNote(f"{key} {shown}: {why}", line, key))
 
 
 def _fill_defaults(config: ModelConfig) -> None:
@@ -454,6 +571,13 @@ def _validate(config: ModelConfig) -> None:
              f"given, num_layers is {config.num_layers}")
     if config.is_moe and config.moe_router_topk > config.num_moe_experts:
         fail("moe_router_topk", f"cannot exceed num_moe_experts ({config.num_moe_experts})")
+    if config.mla_down_proj_fusion:
+        if not config.multi_latent_attention:
+            fail("mla_down_proj_fusion", "needs multi_latent_attention: true (Megatron asserts "
+                 "'--mla-down-proj-fusion requires --multi-latent-attention')")
+        if config.q_lora_rank is None:
+            fail("mla_down_proj_fusion", "needs q_lora_rank (Megatron's FusedMLASelfAttention "
+                 "asserts it: the fused projection holds the query's down projection)")
     if config.mtp_use_repeated_layer and not config.mtp_depths:
         fail("mtp_use_repeated_layer", "needs mtp_num_layers >= 1")
     if config.recompute_granularity == "full" and config.recompute_method is None:
@@ -464,14 +588,101 @@ def _validate(config: ModelConfig) -> None:
     if config.quant_recipe is not None and config.use_kitchen:
         fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
              "recipe together with --te-precision-config-file)")
+    _validate_te_settings(config, fail)
+    _apply_layout(config, fail)
+    _check_modelopt_spec(config, fail)
     hybrid.validate(config, fail)
     t5.validate(config, fail)
+    _check_virtual_needs_stages(config, fail)
     if config.source is not None:
         check_upstream(config, config.source.mapping, fail)
     _check_build_size(config, fail)
     from qaudit.megatron.pipeline import pipeline_layout
 
     pipeline_layout(config)  # raises InputError on a split Megatron would reject
+
+
+def _validate_te_settings(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """What TransformerConfig.__post_init__ rejects about the TE settings qaudit models."""
+    if config.fp8_param and not config.fp8:
+        fail("fp8_param", "fp8_param must be used together with fp8 (TransformerConfig rejects it)")
+    if config.fp4_param and not config.fp4:
+        fail("fp4_param", "fp4_param must be used together with fp4 (TransformerConfig rejects it)")
+    for key in ("enable_cuda_graph", "external_cuda_graph"):
+        if getattr(config, key) and config.cuda_graph_impl != "none":
+            fail(key, "cannot be combined with cuda_graph_impl (TransformerConfig rejects it; "
+                 "the switch is the deprecated spelling of cuda_graph_impl)")
+    if config.enable_cuda_graph and config.external_cuda_graph:
+        fail("external_cuda_graph", "enable_cuda_graph and external_cuda_graph cannot both be set")
+    if config.cuda_graph_scope is not None and config.cuda_graph_modules not in (None, "full", []):
+        fail("cuda_graph_scope", "cuda_graph_scope and cuda_graph_modules cannot be set together "
+             "(cuda_graph_scope is the deprecated name)")
+
+
+def _apply_layout(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """TransformerConfig's checks of an explicit layout; it sets the virtual pipeline size."""
+    from qaudit.megatron.pp_layout import LayoutError, read_layout
+
+    key = "pipeline_model_parallel_layout"
+    if config.pipeline_model_parallel_layout is None:
+        return
+    for other in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+        if getattr(config, other) is not None:
+            fail(other, f"cannot be set with {key} (TransformerConfig raises ValueError)")
+    for other in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if getattr(config, other):
+            fail(other, f"cannot be set with {key} (TransformerConfig raises ValueError)")
+    if config.is_hybrid or config.is_t5:
+        fail(key, "is not modelled for hybrid or T5 models (Megatron's argument checks reject "
+             "it with a hybrid pattern; layouts do not hold encoder layers)")
+    try:
+        layout = read_layout(config.pipeline_model_parallel_layout,
+                             config.pipeline_model_parallel_size, config.num_layers,
+                             config.mtp_depths)
+    except LayoutError as exc:
+        fail(key, str(exc))
+    vpp = config.virtual_pipeline_model_parallel_size
+    if vpp is not None and vpp != layout.virtual:
+        fail("virtual_pipeline_model_parallel_size", f"contradicts {key}: its {len(layout.chunks)} "
+             f"model chunks over {layout.stages} stages make {layout.virtual} per stage "
+             "(TransformerConfig asserts they match)")
+    config.virtual_pipeline_model_parallel_size = layout.virtual if layout.virtual > 1 else None
+
+
+def _check_virtual_needs_stages(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """Virtual chunks need more than one stage (parallel_state.initialize_model_parallel and
+    validate_args; qaudit's row names would also collide)."""
+    vpp = config.virtual_pipeline_model_parallel_size or 1
+    if vpp == 1 or config.pipeline_model_parallel_size > 1:
+        return
+    key = ("pipeline_model_parallel_layout" if config.pipeline_model_parallel_layout is not None
+           else hybrid.pattern_key(config) if config.is_hybrid
+           else "virtual_pipeline_model_parallel_size")
+    fail(key, f"makes {vpp} model chunks on one pipeline stage: Megatron raises "
+         "'pipeline-model-parallel size should be greater than 1 with interleaved schedule'")
+
+
+def _check_modelopt_spec(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """What Megatron raises when it builds the modelopt spec (docs/upstream-model.md)."""
+    if config.layer_spec != "modelopt":
+        return
+    if config.is_t5:
+        fail("layer_spec", "the modelopt spec builds GPT and hybrid models only (ModelOpt's "
+             "builder raises for other model types)")
+    if config.virtual_pipeline_model_parallel_size not in (None, 1):
+        fail("virtual_pipeline_model_parallel_size", "ModelOpt's builder raises 'ModelOpt "
+             "integration does not currently support virtual pipeline parallel'")
+    if config.multi_latent_attention and not config.is_hybrid:
+        # The spec sets q_layernorm/kv_layernorm modules on MLA; mla_qk_norm_config.py
+        # rejects them unless qk_layernorm is on and a q_lora_rank consumes the q norm.
+        if not config.qk_layernorm:
+            fail("multi_latent_attention", "the modelopt spec gives MLA explicit q/kv norms, "
+                 "which Megatron rejects without qk_layernorm (ValueError: 'qk_layernorm/"
+                 "qk_l2_norm are supposed to be disabled')")
+        if config.q_lora_rank is None:
+            fail("multi_latent_attention", "the modelopt spec gives MLA an explicit q norm, "
+                 "which Megatron rejects without q_lora_rank (ValueError: the q norm 'will not "
+                 "be used')")
 
 
 # What one audit may build: every layer and every expert is a real module (only widths

@@ -49,7 +49,9 @@ class ReportDiff:
         def side(report: Report) -> dict[str, Any]:
             counts = report.counts()
             return {"config": report.config, "recipe": report.recipe, "runtime": report.runtime,
-                    "policy": report.policy, "steps": report.steps,
+                    "policy": report.policy,
+                    **({"megatron": report.megatron} if report.megatron else {}),
+                    "steps": report.steps,
                     "microbatches": report.microbatches,
                     "summary": {s: counts.get(s, 0) for s in SEVERITIES}}
 
@@ -137,7 +139,7 @@ def render_diff_table(diff: ReportDiff, exit_code: int, *, width: int = 80,
                       expand: bool = False) -> str:
     import textwrap
 
-    from qaudit.render.common import group_findings
+    from qaudit.render.common import group_findings, megatron_text, policy_text
     from qaudit.render.table import finding_lines
 
     def wrap(text: str, first: str = "", rest: str = "      ") -> list[str]:
@@ -148,8 +150,12 @@ def render_diff_table(diff: ReportDiff, exit_code: int, *, width: int = 80,
     base, head = diff.base, diff.head
     lines = [f"base: {base.config}" + (f"   recipe: {base.recipe}" if base.recipe else ""),
              f"head: {head.config}" + (f"   recipe: {head.recipe}" if head.recipe else ""),
-             f"runtime: {head.runtime}   policy: {head.policy}   "
-             f"steps: {head.steps} x {head.microbatches} microbatches", ""]
+             f"runtime: {head.runtime}   policy: {policy_text(head)}   "
+             f"steps: {head.steps} x {head.microbatches} microbatches"]
+    megatron = megatron_text(head)
+    if megatron:
+        lines.extend(wrap(f"megatron: {megatron}", "", "  "))
+    lines.append("")
     if not diff.modules:
         lines.append("no module changes")
     else:
@@ -170,6 +176,7 @@ def render_diff_table(diff: ReportDiff, exit_code: int, *, width: int = 80,
 
 
 def render_diff_markdown(diff: ReportDiff, exit_code: int, *, expand: bool = False) -> str:
+    from qaudit.render.common import megatron_text
     from qaudit.render.markdown import code, escape, finding_items
 
     status = "\u274c" if exit_code else "\u2705"
@@ -177,6 +184,9 @@ def render_diff_markdown(diff: ReportDiff, exit_code: int, *, expand: bool = Fal
     lines = [f"{status} **qaudit diff {code(diff.base.config)} \u2192 {code(diff.head.config)}: "
              f"{new.get('error', 0)} new error(s), {new.get('warning', 0)} new warning(s), "
              f"{len(diff.fixed)} fixed** (exit {exit_code})", ""]
+    megatron = megatron_text(diff.head)
+    if megatron:
+        lines += [f"For {escape(megatron)}.", ""]
     if diff.modules:
         lines += ["| module | n | change |", "| --- | ---: | --- |"]
         for group in group_rows(diff.modules, expand, signature=_signature):

@@ -45,6 +45,10 @@ class EnvReport:
     auto_runtime: str = "reference"
     auto_reason: str = ""
     runtimes: dict[str, str] = field(default_factory=dict)
+    # The Megatron `check --megatron auto` audits for (qaudit/upstream/target.py).
+    megatron: dict[str, Any] = field(default_factory=dict)
+    # The TE behaviour `check --te auto` audits for (qaudit/upstream/te.py).
+    te: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": ENV_SCHEMA, **asdict(self)}
@@ -134,9 +138,13 @@ def _te_support() -> list[RecipeSupport] | None:
 def collect() -> EnvReport:
     from qaudit import __version__
 
+    from qaudit.upstream.target import resolve_megatron
+    from qaudit.upstream.te import resolve_te
+
     report = EnvReport(qaudit=__version__, python=platform.python_version(),
                        platform=f"{platform.system()} {platform.machine()}",
-                       torch=None, torch_cuda=None, cuda_available=False)
+                       torch=None, torch_cuda=None, cuda_available=False,
+                       megatron=resolve_megatron().to_dict(), te=resolve_te().to_dict())
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - a broken torch is what this command reports
@@ -223,6 +231,19 @@ def render_env_text(report: EnvReport, width: int = 80) -> str:
                                              f"{gpu['compute_capability']}")
     if not report.gpus:
         lines += item("GPU", "none")
+    # The behaviours `check` audits for, side by side.
+    lines += [""] + item("", "audited for (check --megatron auto / --te auto):", indent=0)
+    megatron = report.megatron
+    lines += item("  Megatron", f"{megatron.get('label')}, tracking behaviour "
+                  f"{megatron.get('policy')} ({megatron.get('source')}"
+                  + (f": {megatron['location']}" if megatron.get("location") else "")
+                  + (f"; {megatron['note']}" if megatron.get("note") else "") + ")")
+    te_target = report.te or {}
+    lines += item("  TE", f"{te_target.get('label')}, overwrite_main_grad "
+                  f"{te_target.get('overwrite_main_grad')} ({te_target.get('source')}"
+                  + (f": {te_target['location']}" if te_target.get("location") else "")
+                  + (f"; {te_target['note']}" if te_target.get("note") else "") + ")")
+    lines += [""]
     te = report.transformer_engine or "not installed"
     lines += item("TE", te if report.te_usable or not report.transformer_engine
                   else f"{te}, not usable: {report.te_reason}")

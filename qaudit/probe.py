@@ -29,6 +29,10 @@ class CallRecord:
     decision: str | None = None  # backward: accumulate | overwrite | autograd
     backward_seq: int | None = None  # 1-based order among this module's backwards in the mb
     lossy: bool = False
+    # What TE did with the quantized weight (qaudit.runtime.reference.weight_cache_use):
+    # primary | fresh | refresh | reuse; None in high precision.
+    cache: str | None = None
+    graph: bool = False  # replayed from a per-layer CUDA graph (qaudit/megatron/graphs.py)
 
 
 class Recorder:
@@ -55,10 +59,12 @@ class Recorder:
             self._writes_since_zero.clear()
 
     def on_forward(self, module: str, flag: bool | None, grad: bool, quant: Quant | None,
-                   training: bool, ambient: Quant | None = None) -> CallRecord:
+                   training: bool, ambient: Quant | None = None, cache: str | None = None,
+                   graph: bool = False) -> CallRecord:
         self._calls_in_mb[module] += 1
         record = CallRecord(module, self.step, self.microbatch, self._calls_in_mb[module],
-                            flag, grad, quant, training, ambient)
+                            flag, grad, quant, training, ambient,
+                            cache=cache if quant is not None else None, graph=graph)
         self.calls.append(record)
         return record
 

@@ -3,18 +3,23 @@
 `configs` maps a name to a `TEQuantizationParams` payload; `matchers` is an ordered mapping of
 glob matchers. Upstream checks matchers when the file is loaded and a payload only once a module
 matches it; we do the same, so an unmatched broken payload does not stop the audit.
+
+What Megatron accepts but reads differently from how it looks is accepted too, as Megatron reads
+it, and kept as a `RecipeNote` for rules QA018/QA019 (docs/upstream-model.md, "Recipes"): a
+matcher's `enabled` taken by truthiness (the string "false" enables it), top-level and matcher
+keys it ignores, and keys written twice (PyYAML keeps the last value).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qaudit.errors import InputError
 from qaudit.precision import FP8_FORMATS, Quant
-from qaudit.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
+from qaudit.yamlio import Duplicate, YamlMap, did_you_mean, load_yaml, short_repr, type_name
 
 PAYLOAD_TYPE = "TEQuantizationParams"
 _MATCHER_FIELDS = ("type", "pattern", "config", "enabled")
@@ -88,6 +93,16 @@ class DisabledMatcher:
     explicit: bool  # `enabled: false` written out, as opposed to left at the default
 
 
+@dataclass(frozen=True)
+class RecipeNote:
+    """Something Megatron accepts and reads differently from how it looks."""
+
+    rule: str  # QA018 (`enabled` not a boolean) or QA019 (ignored or replaced keys)
+    message: str
+    line: int | None
+    fix: str
+
+
 @dataclass
 class QuantRecipe:
     file: str
@@ -95,6 +110,7 @@ class QuantRecipe:
     matchers: list[Matcher]
     disabled_matchers: list[DisabledMatcher]
     _parsed: dict[str, QuantConfig]
+    notes: list[RecipeNote] = field(default_factory=list)
 
     def match(self, fqn: str) -> Matcher | None:
         """The first enabled matcher for `fqn`; no fall-through after it."""
@@ -121,27 +137,41 @@ class QuantRecipe:
 
 def load_recipe(path: Path, display: str | None = None) -> QuantRecipe:
     display = display or str(path)
-    document = load_yaml(path, display)
+    duplicates: list[Duplicate] = []
+    document = load_yaml(path, display, duplicates=duplicates)
     if not isinstance(document, YamlMap):
         raise InputError(f"expected a mapping with 'configs' and 'matchers', got {type_name(document)}",
                          file=display, line=getattr(document, "line", 1))
+    notes = [_duplicate_note(d) for d in duplicates]
     for key in document:
         if key not in ("configs", "matchers"):
             hint = did_you_mean(str(key), ("configs", "matchers"))
-            raise InputError(f"unknown top-level key{hint}; a recipe has 'configs' and 'matchers'",
-                             file=display, line=document.line_of(key), key=str(key))
+            notes.append(RecipeNote("QA019", f"unknown top-level key {short_repr(str(key))}"
+                                    f"{hint}: Megatron reads only 'configs' and 'matchers' and "
+                                    "ignores it", document.line_of(key),
+                                    "remove it, or fix its name"))
     configs = _mapping_or_empty(document, "configs", display)
     matchers_map = _mapping_or_empty(document, "matchers", display)
     matchers: list[Matcher] = []
     disabled: list[DisabledMatcher] = []
     for name, body in matchers_map.items():
         line = matchers_map.line_of(name)
-        matcher = _parse_matcher(display, str(name), body, line)
+        matcher = _parse_matcher(display, str(name), body, line, notes)
         if matcher is None:
             disabled.append(DisabledMatcher(str(name), line, "enabled" in body))
         else:
             matchers.append(matcher)
-    return QuantRecipe(display, configs, matchers, disabled, {})
+    return QuantRecipe(display, configs, matchers, disabled, {},
+                       sorted(notes, key=lambda n: (n.line or 0, n.rule)))
+
+
+def _duplicate_note(duplicate: Duplicate) -> RecipeNote:
+    key = short_repr(str(duplicate.key))
+    return RecipeNote("QA019", f"key {key} is written twice (first at line "
+                      f"{duplicate.first_line}): PyYAML, which Megatron loads the file with, "
+                      "keeps this last value, at the first one's place in the order; the first "
+                      "value is ignored",
+                      duplicate.line, "keep one of them (a matcher name must be unique)")
 
 
 def _mapping_or_empty(document: YamlMap, key: str, file: str) -> YamlMap:
@@ -154,18 +184,31 @@ def _mapping_or_empty(document: YamlMap, key: str, file: str) -> YamlMap:
     return value
 
 
-def _parse_matcher(file: str, name: str, body: Any, line: int | None) -> Matcher | None:
+_FALSE_WORDS = ("false", "no", "off", "0", "n", "none", "null", "disabled")
+
+
+def _parse_matcher(file: str, name: str, body: Any, line: int | None,
+                   notes: list[RecipeNote]) -> Matcher | None:
     if not isinstance(body, YamlMap):
         raise InputError(f"matcher '{name}' must be a mapping, got {type_name(body)}",
                          file=file, line=line, key=name)
     for key in body:
         if key not in _MATCHER_FIELDS:
-            raise InputError(f"unknown matcher field in '{name}'{did_you_mean(str(key), _MATCHER_FIELDS)}",
-                             file=file, line=body.line_of(key), key=str(key))
+            notes.append(RecipeNote(
+                "QA019", f"matcher {short_repr(name)}: unknown field {short_repr(str(key))}"
+                f"{did_you_mean(str(key), _MATCHER_FIELDS)}; Megatron ignores it",
+                body.line_of(key), "remove it, or fix its name"))
+    # Megatron: `matcher.get("enabled", False)` and `if not enabled: continue`.
     enabled = body.get("enabled", False)
     if not isinstance(enabled, bool):
-        raise InputError(f"expected true or false, got {type_name(enabled)} {short_repr(enabled)}",
-                         file=file, line=body.line_of("enabled"), key="enabled")
+        said_false = isinstance(enabled, str) and enabled.strip().lower() in _FALSE_WORDS
+        reading = "enabled" if enabled else "disabled"
+        trap = " (a non-empty string is true, even 'false')" if said_false else ""
+        notes.append(RecipeNote(
+            "QA018", f"matcher {short_repr(name)}: enabled is {type_name(enabled)} "
+            f"{short_repr(enabled)}, which Megatron reads by truthiness: the matcher is "
+            f"{reading}{trap}", body.line_of("enabled"),
+            f"write 'enabled: {'true' if enabled else 'false'}' (unquoted)"))
     if not enabled:
         # Upstream skips a disabled matcher without validating it.
         return None

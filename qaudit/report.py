@@ -9,6 +9,7 @@ from typing import Any
 from qaudit.errors import printable
 from qaudit.precision import precision_label
 from qaudit.probe import CallRecord
+from qaudit.upstream.releases import policy_versions
 
 SCHEMA = "qaudit/1"
 SEVERITIES = ("error", "warning", "info")
@@ -71,6 +72,13 @@ class Report:
     # Findings hidden by --baseline or a `qaudit: ignore` comment (qaudit/baseline.py); each
     # also has `suppression`: "baseline" or "comment". Not counted in summary or exit code.
     suppressed: list[Finding] | None = None
+    # The Megatron the verdict is for (qaudit/upstream/target.py MegatronTarget.to_dict()):
+    # source, version, policy (its behaviour; `policy` above is the one audited), label,
+    # location, note. None in reports written before qaudit knew Megatron versions.
+    megatron: dict[str, Any] | None = None
+    # The Transformer Engine behaviour audited for (qaudit/upstream/te.py TETarget.to_dict()):
+    # source, version, label, overwrite_main_grad, location, note. None in older reports.
+    te: dict[str, Any] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
@@ -86,6 +94,8 @@ class Report:
             "schema": SCHEMA,
             "runtime": self.runtime,
             "policy": self.policy,
+            **({"megatron": self.megatron} if self.megatron is not None else {}),
+            **({"te": self.te} if self.te is not None else {}),
             "config": self.config,
             "recipe": self.recipe,
             "steps": self.steps,
@@ -93,11 +103,20 @@ class Report:
             "modules": [asdict(row) for row in self.modules],
             "findings": [asdict(f) for f in self.findings],
             "summary": {severity: counts.get(severity, 0) for severity in SEVERITIES},
-            **({"policies": self.policies} if self.policies is not None else {}),
+            **({"policies": self.policies,
+                "policy_versions": {name: policy_versions(name) for name in _policy_names(self.policies)}}
+               if self.policies is not None else {}),
             **({"suggestions": self.suggestions} if self.suggestions is not None else {}),
             **({"suppressed": [asdict(f) for f in self.suppressed]}
                if self.suppressed is not None else {}),
         }
+
+
+def _policy_names(policies: dict[str, dict[str, str]]) -> list[str]:
+    names: list[str] = []
+    for verdicts in policies.values():
+        names.extend(name for name in verdicts if name not in names)
+    return names
 
 
 def calls_per_microbatch(records: list[CallRecord], grad: bool) -> int:
@@ -112,9 +131,12 @@ def precision_of(records: list[CallRecord]) -> str:
 
 
 def tracked_of(records: list[CallRecord], is_te: bool, rearmed: bool) -> str:
-    """yes: re-armed each step; stale: only true after construction; no: always None."""
+    """yes: re-armed each step; stale: only true after construction; no: always None;
+    graph: inside a per-layer CUDA graph (qaudit/megatron/graphs.py)."""
     if not is_te:
         return "-"
+    if any(r.graph for r in records):
+        return "graph"  # replayed from a CUDA graph: the capture fixed what TE sees
     if all(r.flag is None for r in records):
         return "no"
     return "yes" if rearmed else "stale"

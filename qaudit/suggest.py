@@ -56,7 +56,7 @@ def _recipe_forcing_bf16(recipe: QuantRecipe | None, pattern: str, file: str) ->
 
 
 def suggest(config: ModelConfig, recipe: QuantRecipe | None, options, report: Report) -> list[Suggestion]:
-    from qaudit.audit import audit_config
+    from qaudit.audit import audit_config, effective_policy
 
     failing = _failing(report)
     if not failing:
@@ -74,8 +74,8 @@ def suggest(config: ModelConfig, recipe: QuantRecipe | None, options, report: Re
         candidates.append(("Megatron's own output layer", replace(config, fp8_output_proj=False),
                            recipe, plain, "precision and speed: the output projection runs "
                            "bf16 instead of mxfp8", "fp8_output_proj: false"))
-    if options.policy in ("legacy", "pre-5642"):
-        candidates.append(("a Megatron-LM with PR #6965 (--policy config)", config, recipe,
+    if effective_policy(options).name in ("legacy", "pre-5642", "always-rearm"):
+        candidates.append(("Megatron-LM main with PR #6965 (--megatron main)", config, recipe,
                            replace(plain, policy="config"), "none: an upgrade (configs without "
                            "fp8/fp4/kitchen/recipe pass None and accumulate)",
                            "# no YAML change: upgrade Megatron-LM"))

@@ -3,7 +3,10 @@
 Each step zeroes the gradient buffers, re-arms the flags at the first microbatch (through the
 policy), runs forward and backward per microbatch, then updates the weights from `main_grad`.
 Every parameter carries a `main_grad` buffer and `grad_added_to_main_grad`, and a hook adds
-autograd gradients into `main_grad` as Megatron's DDP does (semantics.md §1.3).
+autograd gradients into `main_grad` as Megatron's DDP does (semantics.md §1.3). With delayed
+weight gradients the hook is the module's wgrad hook, run by `backward_dw`, and every queued
+GEMM runs after the microbatch's backward; `--freeze-all-layers` trains forward-only
+(docs/te-settings.md).
 """
 
 from __future__ import annotations
@@ -26,13 +29,37 @@ def _ddp_hook(param: torch.nn.Parameter) -> None:
     param.grad = None
 
 
+def delayed_wgrad_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Modules that queue their weight gradients for `backward_dw` (TE need_backward_dw)."""
+    return [m for m in model.modules()
+            if callable(getattr(m, "need_backward_dw", None)) and m.need_backward_dw()]
+
+
+def run_backward_dw(model: torch.nn.Module) -> None:
+    """Run every queued weight-gradient GEMM, one `backward_dw` per queued backward, as
+    Megatron's overlap schedule calls it per layer node and microbatch."""
+    for module in delayed_wgrad_modules(model):
+        while len(module.wgrad_store):
+            module.backward_dw()
+
+
 def attach_grad_buffers(model: torch.nn.Module, overwrite_main_grad: bool = False
                         ) -> list[torch.nn.Parameter]:
     params = [p for p in model.parameters() if p.requires_grad]
+    # Megatron DDP (distributed_data_parallel.py): a parameter TE marked
+    # skip_backward_post_hook gets the hook through its module's wgrad hooks instead.
+    hooked_by_module: set[int] = set()
+    for module in delayed_wgrad_modules(model):
+        for param in module.parameters():
+            if param.requires_grad and getattr(param, "skip_backward_post_hook", False):
+                module.register_wgrad_accumulation_and_reduce_hooks(
+                    lambda param=param: _ddp_hook(param))
+                hooked_by_module.add(id(param))
     for param in params:
         param.main_grad = torch.zeros_like(param)
         param.grad_added_to_main_grad = False
-        param.register_post_accumulate_grad_hook(_ddp_hook)
+        if id(param) not in hooked_by_module:
+            param.register_post_accumulate_grad_hook(_ddp_hook)
         if overwrite_main_grad:
             # Megatron-FSDP (optim_grads sharding): each backward's wgrad replaces main_grad,
             # which is reduce-scattered into the sharded gradient after every microbatch.
@@ -97,6 +124,7 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
             if index == 0:
                 model.set_is_first_microbatch()
             microbatch_step(tokens, labels)
+            run_backward_dw(model)
             if fsdp:
                 for param in params:
                     param.sharded_grad.add_(param.main_grad)
@@ -109,12 +137,18 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
 
 
 def run_evaluation(model: GPTModel, recorder: Recorder, steps: int, microbatches: int,
-                   seed: int = 0, forward: Callable[[torch.Tensor, torch.Tensor], object] | None = None
-                   ) -> None:
+                   seed: int = 0, forward: Callable[[torch.Tensor, torch.Tensor], object] | None = None,
+                   frozen_training: bool = False) -> None:
     """Forward-only evaluation: modules in eval mode (evaluation recipes), flags re-armed at
-    each evaluation's first microbatch, no backward."""
+    each evaluation's first microbatch, no backward.
+
+    `frozen_training`: Megatron's --freeze-all-layers instead (training.py
+    `_freeze_all_model_chunks`, `_forward_backward_grad_context`): every parameter has
+    requires_grad=False and each step runs forward-only under no_grad, in training mode."""
     batches = make_batches(model, microbatches, seed)
-    model.eval()
+    if frozen_training:
+        model.requires_grad_(False)
+    model.train(frozen_training)
     with torch.no_grad():
         for _ in range(steps):
             recorder.start_step()

@@ -6,7 +6,7 @@ nothing runs quantized, else in the run's own dtype (see reference_gradients).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,13 +22,12 @@ from qaudit.train import make_batches, step_gradient
 CONFIRM_THRESHOLD = 1e-2
 
 
+@dataclass(frozen=True)
 class _NeverTracked(TrackingPolicy):
     """Reference runs pass None: no cached weights, every call quantized afresh."""
 
-    name = "reference"
-
-    def rearms(self, config) -> bool:
-        return False
+    name: str = "reference"
+    rearm_on: tuple[str, ...] | None = ()
 
     def flag_to_pass(self, module, is_context_quantized: bool):
         return None
@@ -38,7 +37,11 @@ def reference_gradients(run, options) -> dict[str, torch.Tensor]:
     """Per parameter name: the last step's gradient by plain, unfused autograd.
 
     Always the reference runtime (TE has no float64 GEMMs), on the audited run's device."""
-    config = replace(run.facts.config, gradient_accumulation_fusion=False, use_megatron_fsdp=False)
+    # Plain autograd: no fusion, FSDP, delayed wgrad or CUDA graphs; primary quantized weights
+    # change nothing here (every reference call quantizes afresh, as they do).
+    config = replace(run.facts.config, gradient_accumulation_fusion=False, use_megatron_fsdp=False,
+                     delay_wgrad_compute=False, cuda_graph_impl="none", enable_cuda_graph=False,
+                     external_cuda_graph=False, cuda_graph_modules=None, cuda_graph_scope=None)
     session = Session(select_runtime("reference", run.session.runtime.device), _NeverTracked())
     model = build_model(config, run.model.dims, session, run.facts.recipe, seed=options.seed)
     # float64 when nothing runs quantized. A quantized run is replayed in its own dtype: the
@@ -96,6 +99,8 @@ def _stale_forward_error(module, quant) -> float:
 
 
 def verify_run(run, options, findings: list[Finding]) -> tuple[list[ModuleRow], list[Finding]]:
+    if run.facts.config.freeze_all_layers:
+        return run.rows, findings  # no weight gradient anywhere: nothing to measure
     reference = reference_gradients(run, options)
     names = {id(p): n for n, p in run.model.named_parameters()}
     errors: dict[str, float | None] = {}

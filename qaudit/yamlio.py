@@ -7,6 +7,7 @@ Findings and errors point at the YAML line that causes them, so plain dicts are 
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -73,10 +74,13 @@ class BoundedSafeLoader(yaml.SafeLoader):
 class _LineLoader(BoundedSafeLoader):
     """The bounded safe loader, building YamlMap/YamlList."""
 
-    def __init__(self, stream: str, file: str) -> None:
+    def __init__(self, stream: str, file: str, duplicates: list[Duplicate] | None = None) -> None:
         super().__init__(stream)
         self.file = file
         self.alias_count = 0
+        # None: a duplicate key is an error. A list: PyYAML's own behaviour (the last value
+        # wins, at the first one's position in the mapping), each duplicate recorded here.
+        self.duplicates = duplicates
 
     def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D401 - PyYAML hook
         if self.check_event(yaml.AliasEvent):
@@ -113,15 +117,34 @@ class _LineLoader(BoundedSafeLoader):
         return value
 
 
+@dataclass(frozen=True)
+class Duplicate:
+    """A key written twice in one mapping: `line` the later one, which PyYAML keeps."""
+
+    key: Any
+    first_line: int
+    line: int
+
+
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> YamlMap:
+    written = sum(1 for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge")
     loader.flatten_mapping(node)
+    merged = len(node.value) - written  # flatten_mapping puts merged pairs first
     result = YamlMap(line=node.start_mark.line + 1)
-    for key_node, value_node in node.value:
+    from_merge: set[Any] = set()  # keys whose value a merge key (`<<: *x`) brought in
+    for index, (key_node, value_node) in enumerate(node.value):
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
         if not isinstance(key, (str, int, float, bool)) and key is not None:
             raise InputError("mapping keys must be plain scalars", file=loader.file, line=line)
-        if key in result:
+        if loader.duplicates is not None:
+            if index < merged:
+                from_merge.add(key)
+            elif key in from_merge:
+                from_merge.discard(key)  # a written key overriding a merged one: plain YAML
+            elif key in result:
+                loader.duplicates.append(Duplicate(key, result.key_lines[key], line))
+        elif key in result:
             raise InputError("duplicate key (the first value would be silently replaced)",
                              file=loader.file, line=line, key=str(key))
         result[key] = loader.construct_object(value_node, deep=True)
@@ -172,15 +195,17 @@ def read_text(path: Path, display: str) -> str:
         raise InputError("not UTF-8 text", file=display, line=line) from None
 
 
-def load_yaml(path: Path, display: str | None = None) -> Any:
-    """Load one YAML document safely; errors carry the file and line."""
+def load_yaml(path: Path, display: str | None = None,
+              duplicates: list[Duplicate] | None = None) -> Any:
+    """Load one YAML document safely; errors carry the file and line. With `duplicates`, a
+    key written twice is kept as PyYAML keeps it (last value) and recorded there."""
     display = display or str(path)
     text = read_text(path, display)
     if "\x00" in text:
         raise InputError("binary data (NUL byte), expected YAML text", file=display)
     loader = None
     try:
-        loader = _LineLoader(text, display)  # checks every character: may raise ReaderError
+        loader = _LineLoader(text, display, duplicates)  # checks every character (ReaderError)
         node = loader.get_single_node()
         if node is None:
             raise InputError("empty file, expected a YAML mapping", file=display)

@@ -80,12 +80,14 @@ def test_one_mtp_layer_per_depth_passes(write_yaml):
     assert exit_code(report) == 0
 
 
-def test_bf16_repeated_mtp_passes_under_config_and_fails_under_legacy(write_yaml):
+def test_bf16_repeated_mtp_passes_on_main_and_fails_on_the_newest_release(write_yaml):
     path = write_yaml("c.yaml", SMALL_MTP)
-    clean = audit_files(path)
+    clean = audit_files(path, options=AuditOptions(megatron="main"))
     assert exit_code(clean) == 0
     assert {(r.tracked, r.accumulation) for r in mtp_rows(clean)} == {("no", "accumulate")}
-    legacy = audit_files(path, options=AuditOptions(policy="legacy"))
+    # With no Megatron importable, the verdict is the newest release's (0.19.2: legacy).
+    legacy = audit_files(path)
+    assert legacy.policy == "legacy" and legacy.megatron["source"] == "assumed"
     assert exit_code(legacy) == 1
     assert {r.tracked for r in mtp_rows(legacy)} == {"stale"}
     message = next(f.message for f in legacy.findings if f.rule == "QA001")
@@ -170,7 +172,11 @@ def test_moe_module_names_and_precision(write_yaml):
 
 def test_json_report_shape(write_yaml):
     data = audit_files(write_yaml("c.yaml", SMALL_MTP + FP8)).to_dict()
-    assert data["schema"] == "qaudit/1" and data["policy"] == "config"
+    assert data["schema"] == "qaudit/1" and data["policy"] == "legacy"
+    assert data["megatron"] == {"source": "assumed", "version": "0.19.2", "policy": "legacy",
+                                "label": "megatron-core 0.19.2", "location": None,
+                                "note": data["megatron"]["note"]}
+    assert "--megatron main" in data["megatron"]["note"]
     assert data["runtime"].startswith("reference")
     assert set(data["modules"][0]) >= {"name", "type", "precision", "recipe", "tracked",
                                        "accumulation", "calls_per_microbatch", "verdict"}

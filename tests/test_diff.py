@@ -66,7 +66,8 @@ def test_diff_table_fits_80_columns():
 def test_diff_of_two_configs_end_to_end():
     """Audits both YAML files: BF16 repeated MTP passes; forcing FP8 + BF16 MTP introduces errors."""
     result = subprocess.run([sys.executable, "-m", "qaudit", "diff", "configs/gpt-mtp-bf16.yaml",
-                             "configs/gpt-mtp-fp8-mtp-bf16.yaml", "--format", "json"],
+                             "configs/gpt-mtp-fp8-mtp-bf16.yaml", "--format", "json",
+                             "--megatron", "main"],
                             cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 1, result.stderr
     data = json.loads(result.stdout)

@@ -59,14 +59,18 @@ def test_selective_mlp_recompute_touches_only_the_mlp(write_yaml):
     assert rows["decoder.layers.0.self_attention.linear_qkv"].nograd_calls_per_microbatch == 0
 
 
-def test_compare_policies_on_bf16_repeated_mtp_fails_only_under_legacy(repo_configs):
+def test_compare_policies_on_bf16_repeated_mtp_fails_only_in_releases(repo_configs):
     report = audit_files(str(repo_configs / "gpt-mtp-bf16.yaml"),
-                         options=AuditOptions(compare_policies=True))
+                         options=AuditOptions(compare_policies=True, megatron="main"))
     mtp = {g: v for g, v in report.policies.items() if g.startswith("mtp.")}
-    assert mtp and all(v["legacy"].startswith("QA001") and v["config"] == "ok" and v["module"] == "ok"
-                       for v in mtp.values())
-    assert report.exit_code() == 0  # the exit code follows --policy (config)
-    assert report.to_dict()["policies"] == report.policies
+    assert mtp and all(v["legacy"].startswith("QA001") and v["pre-5642"].startswith("QA001")
+                       and v["config"] == "ok" and v["module"] == "ok" for v in mtp.values())
+    assert report.exit_code() == 0  # the exit code follows the audited Megatron (main)
+    data = report.to_dict()
+    assert data["policies"] == report.policies
+    # Columns are labelled by the Megatron versions that behave that way.
+    assert data["policy_versions"] == {"pre-5642": "0.9.0-0.18.2", "legacy": "0.19.0-0.19.2",
+                                       "config": "main", "module": "PR #7353"}
 
 
 def test_compare_policies_on_fp8_repeated_mtp_fails_under_all_three(write_yaml):

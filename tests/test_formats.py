@@ -229,7 +229,7 @@ def test_paths_are_repository_relative(tmp_path, monkeypatch):
 def test_github_format_lines():
     lines = (GOLDEN / f"{FAILING}.github").read_text().splitlines()
     assert lines[0].startswith(
-        "::error file=configs/gpt-mtp-fp8-mtp-bf16.yaml,line=8,title=QA001::mtp.layers.0.eh_proj: ")
+        "::error file=configs/gpt-mtp-fp8-mtp-bf16.yaml,line=9,title=QA001::mtp.layers.0.eh_proj: ")
     assert all(line.startswith("::error ") for line in lines[:-1])
     assert lines[-1] == "qaudit: 10 error(s), 0 warning(s)   exit 1"
     report = Report("r", "config", "c.yaml", None, 1, 1, findings=[

@@ -30,7 +30,7 @@ def test_mla_module_names_with_q_down_projection(write_yaml):
         "linear_proj"]
     types = {r.name[len(prefix):]: r.type for r in report.modules if r.name.startswith(prefix)}
     assert types["linear_q_down_proj"] == "TELinear"
-    assert types["linear_kv_up_proj"] == "TELayerNormColumnParallelLinear"
+    assert types["linear_kv_up_proj"] == "TEColumnParallelLinear"  # no qk_layernorm: no fused norm
     assert all(r.precision == "fp8/blockwise" for r in report.modules if r.name.startswith(prefix))
 
 

@@ -218,8 +218,8 @@ def test_full_audit_through_te_runtime_plumbing_matches_reference(monkeypatch, w
 
     real_select = qaudit.audit.select_runtime
     monkeypatch.setattr(qaudit.audit, "select_runtime",
-                        lambda name, device=None: TERuntime(TEApi.load(), device="cpu")
-                        if name == "te" else real_select(name, device))
+                        lambda name, device=None, **kw: TERuntime(TEApi.load(), device="cpu")
+                        if name == "te" else real_select(name, device, **kw))
     for config in (str(repo_configs / "gpt-mtp-fp8-mtp-bf16.yaml"), write_yaml("moe.yaml", SMALL_MOE_FP8)):
         te = audit_files(config, options=AuditOptions(runtime="te"))
         ref = audit_files(config, options=AuditOptions(runtime="reference"))

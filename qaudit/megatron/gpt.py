@@ -63,8 +63,12 @@ class MultiTokenPredictionLayer(torch.nn.Module):
         hidden = b.dims.hidden
         self.enorm = torch.nn.LayerNorm(hidden)
         self.hnorm = torch.nn.LayerNorm(hidden)
-        self.eh_proj = b.linear(w.TEColumnParallelLinear, 2 * hidden, hidden)
         pattern = b.config.hybrid_pattern()
+        if pattern is None:
+            # GPT's MTP block comes from the TE decoder specs even when the decoder uses the
+            # modelopt spec (post_training/model_builder.py).
+            b = b.with_spec("te")
+        self.eh_proj = b.column(2 * hidden, hidden)
         if pattern is not None:
             # Hybrid: a stack of the pattern's MTP layers (`mtp_model_layer.layers.J`).
             self.mtp_model_layer = HybridStack(

@@ -14,7 +14,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from qaudit.megatron import wrappers as w
 from qaudit.megatron.hybrid_pattern import ATTENTION, MAMBA, MLP as MLP_SYMBOL, MOE
 from qaudit.megatron.layers import MLP, Builder, MoELayer, SelfAttention
 from qaudit.megatron.recompute import checkpointed
@@ -30,8 +29,8 @@ class MambaMixer(torch.nn.Module):
         super().__init__()
         d = b.dims
         self.dims = d
-        self.in_proj = b.layernorm_linear(d.hidden, d.in_proj_out)  # the layer's norm is fused
-        self.out_proj = b.linear(w.TERowParallelLinear, d.d_inner, d.hidden)
+        self.in_proj = b.norm_column(d.hidden, d.in_proj_out)  # TE spec: the layer's norm fused
+        self.out_proj = b.row(d.d_inner, d.hidden)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         d = self.dims

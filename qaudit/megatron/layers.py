@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from qaudit.config import ModelConfig
 from qaudit.megatron import wrappers as w
 from qaudit.megatron.dims import Dims
+from qaudit.megatron.mla import FusedMLASelfAttention, MLASelfAttention
 from qaudit.megatron.recompute import checkpointed
 from qaudit.megatron.session import Session
 
@@ -24,11 +25,26 @@ def _activation(x: torch.Tensor, gated: bool) -> torch.Tensor:
 
 
 class Builder:
-    """Makes wrapped runtime modules for one model."""
+    """Makes wrapped runtime modules for one model, with the classes of its layer spec.
 
-    def __init__(self, config: ModelConfig, dims: Dims, session: Session) -> None:
+    `spec` "te" is Megatron's TE spec; "modelopt" is ModelOpt's spec, which builds Megatron's
+    own linears (ColumnParallelLinear, RowParallelLinear, modelopt's `Linear`) with separate
+    norms and sequential experts (docs/upstream-model.md, "The modelopt spec").
+    """
+
+    def __init__(self, config: ModelConfig, dims: Dims, session: Session,
+                 spec: str | None = None) -> None:
         self.config, self.dims, self.session = config, dims, session
         self.fuse = config.gradient_accumulation_fusion
+        self.spec = spec or config.layer_spec
+
+    def with_spec(self, spec: str) -> Builder:
+        """The same model's builder for another spec (GPT's MTP block is always TE's)."""
+        return self if spec == self.spec else Builder(self.config, self.dims, self.session, spec)
+
+    @property
+    def is_te(self) -> bool:
+        return self.spec == "te"
 
     def linear(self, cls: type[w.TEWrapper], n_in: int, n_out: int) -> w.TEWrapper:
         return cls(self.session.runtime.linear(n_in, n_out, fuse=self.fuse), self.config, self.session)
@@ -41,6 +57,38 @@ class Builder:
         inner = self.session.runtime.grouped_linear(n_gemms, n_in, n_out, fuse=self.fuse)
         return cls(inner, self.config, self.session)
 
+    def _mcore(self, cls: type[w.ColumnParallelLinear], n_in: int, n_out: int) -> w.AuditedModule:
+        return cls(n_in, n_out, self.config, self.session)
+
+    # Roles: each asks for what the spec builds there. Where the TE spec fuses a norm into a
+    # linear, the modelopt spec has a separate norm module, which is not audited and left out.
+    def column(self, n_in: int, n_out: int) -> w.AuditedModule:
+        return self.linear(w.TEColumnParallelLinear, n_in, n_out) if self.is_te \
+            else self._mcore(w.ColumnParallelLinear, n_in, n_out)
+
+    def norm_column(self, n_in: int, n_out: int) -> w.AuditedModule:
+        """A column-parallel linear after a norm (linear_qkv, mlp.linear_fc1, in_proj)."""
+        return self.layernorm_linear(n_in, n_out) if self.is_te \
+            else self._mcore(w.ColumnParallelLinear, n_in, n_out)
+
+    def row(self, n_in: int, n_out: int) -> w.AuditedModule:
+        return self.linear(w.TERowParallelLinear, n_in, n_out) if self.is_te \
+            else self._mcore(w.RowParallelLinear, n_in, n_out)
+
+    def down_projection(self, n_in: int, n_out: int) -> w.AuditedModule:
+        """MLA's q/kv down projections: not tensor-parallel (TELinear, 'duplicated')."""
+        return self.linear(w.TELinear, n_in, n_out) if self.is_te \
+            else self._mcore(w.ModelOptLinear, n_in, n_out)
+
+    def up_projection(self, n_in: int, n_out: int, norm: bool) -> w.AuditedModule:
+        """A column-parallel projection, with its input norm fused in when `norm` (TE spec)."""
+        return self.norm_column(n_in, n_out) if norm else self.column(n_in, n_out)
+
+    def grouped_experts(self, requested: bool) -> bool:
+        """Whether MoE experts are one grouped module: the modelopt spec always builds
+        SequentialMLP."""
+        return requested and self.is_te
+
 
 class SelfAttention(torch.nn.Module):
     def __init__(self, b: Builder, causal: bool = True) -> None:
@@ -48,8 +96,8 @@ class SelfAttention(torch.nn.Module):
         super().__init__()
         d = b.dims
         self.dims, self.causal = d, causal
-        self.linear_qkv = b.layernorm_linear(d.hidden, d.qkv_out)
-        self.linear_proj = b.linear(w.TERowParallelLinear, d.heads * d.kv_channels, d.hidden)
+        self.linear_qkv = b.norm_column(d.hidden, d.qkv_out)
+        self.linear_proj = b.row(d.heads * d.kv_channels, d.hidden)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         d = self.dims
@@ -69,41 +117,6 @@ class SelfAttention(torch.nn.Module):
         return self.linear_proj(ctx)
 
 
-class MLASelfAttention(torch.nn.Module):
-    """Multi-latent attention (DeepSeek-V3) with Megatron's TE module names."""
-
-    def __init__(self, b: Builder) -> None:
-        super().__init__()
-        d = b.dims
-        self.dims = d
-        q_width = d.heads * (d.qk_head_dim + d.qk_pos_emb_head_dim)
-        # The separate input norm: MLA's first projections are not fused with a LayerNorm.
-        self.input_layernorm = torch.nn.LayerNorm(d.hidden)
-        if d.q_lora_rank:
-            self.linear_q_down_proj = b.linear(w.TELinear, d.hidden, d.q_lora_rank)
-            self.linear_q_up_proj = b.layernorm_linear(d.q_lora_rank, q_width)
-        else:
-            self.linear_q_proj = b.linear(w.TEColumnParallelLinear, d.hidden, q_width)
-        self.linear_kv_down_proj = b.linear(w.TELinear, d.hidden, d.kv_lora_rank + d.qk_pos_emb_head_dim)
-        self.linear_kv_up_proj = b.layernorm_linear(d.kv_lora_rank, d.heads * (d.qk_head_dim + d.v_head_dim))
-        self.linear_proj = b.linear(w.TERowParallelLinear, d.heads * d.v_head_dim, d.hidden)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        d = self.dims
-        s, batch, _ = h.shape
-        x = self.input_layernorm(h)
-        q = (self.linear_q_up_proj(self.linear_q_down_proj(x)) if d.q_lora_rank
-             else self.linear_q_proj(x))
-        q = q.reshape(s, batch, d.heads, d.qk_head_dim + d.qk_pos_emb_head_dim)
-        latent, k_pos = self.linear_kv_down_proj(x).split([d.kv_lora_rank, d.qk_pos_emb_head_dim], -1)
-        kv = self.linear_kv_up_proj(latent).reshape(s, batch, d.heads, d.qk_head_dim + d.v_head_dim)
-        k_nope, v = kv.split([d.qk_head_dim, d.v_head_dim], dim=-1)
-        k = torch.cat([k_nope, k_pos.unsqueeze(2).expand(s, batch, d.heads, d.qk_pos_emb_head_dim)], -1)
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
-        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.linear_proj(ctx.permute(2, 0, 1, 3).reshape(s, batch, d.heads * d.v_head_dim))
-
-
 class MLP(torch.nn.Module):
     """Dense MLP: fc1 fused with the pre-MLP LayerNorm, as in Megatron's TE spec."""
 
@@ -111,8 +124,8 @@ class MLP(torch.nn.Module):
         super().__init__()
         self.gated = b.config.gated_linear_unit
         width = hidden_ffn * (2 if self.gated else 1)
-        self.linear_fc1 = b.layernorm_linear(b.dims.hidden, width)
-        self.linear_fc2 = b.linear(w.TERowParallelLinear, hidden_ffn, b.dims.hidden)
+        self.linear_fc1 = b.norm_column(b.dims.hidden, width)
+        self.linear_fc2 = b.row(hidden_ffn, b.dims.hidden)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(_activation(self.linear_fc1(h), self.gated))
@@ -125,8 +138,8 @@ class ExpertMLP(torch.nn.Module):
         super().__init__()
         self.gated = b.config.gated_linear_unit
         width = hidden_ffn * (2 if self.gated else 1)
-        self.linear_fc1 = b.linear(w.TEColumnParallelLinear, b.dims.hidden, width)
-        self.linear_fc2 = b.linear(w.TERowParallelLinear, hidden_ffn, b.dims.hidden)
+        self.linear_fc1 = b.column(b.dims.hidden, width)
+        self.linear_fc2 = b.row(hidden_ffn, b.dims.hidden)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(_activation(self.linear_fc1(h), self.gated))
@@ -168,7 +181,7 @@ class MoELayer(torch.nn.Module):
         self.topk = config.moe_router_topk
         self.num_experts = config.num_moe_experts
         self.router = torch.nn.Linear(b.dims.hidden, self.num_experts, bias=False)  # not TE
-        grouped = config.moe_grouped_gemm if grouped is None else grouped
+        grouped = b.grouped_experts(config.moe_grouped_gemm if grouped is None else grouped)
         self.experts = (GroupedExperts(b, self.num_experts) if grouped
                         else SequentialExperts(b, self.num_experts))
         self.shared_experts = ExpertMLP(b, b.dims.shared_ffn) if b.dims.shared_ffn else None
@@ -193,12 +206,20 @@ class MoELayer(torch.nn.Module):
         return out.reshape(shape)
 
 
+def _attention(b: Builder) -> torch.nn.Module:
+    if not b.config.multi_latent_attention:
+        return SelfAttention(b)
+    # The modelopt spec never reads mla_down_proj_fusion.
+    fused = b.config.mla_down_proj_fusion and b.is_te
+    return FusedMLASelfAttention(b) if fused else MLASelfAttention(b)
+
+
 class TransformerLayer(torch.nn.Module):
     def __init__(self, b: Builder, moe: bool) -> None:
         super().__init__()
         self.runtime = b.session.runtime
         self.recompute_mlp = b.config.selective_recompute("moe" if moe else "mlp")
-        self.self_attention = MLASelfAttention(b) if b.config.multi_latent_attention else SelfAttention(b)
+        self.self_attention = _attention(b)
         if moe:
             # MoE layers keep a separate pre-MLP norm; dense ones fuse it into linear_fc1.
             self.pre_mlp_layernorm = torch.nn.LayerNorm(b.dims.hidden)

@@ -74,12 +74,29 @@ def _segment_layout(segments: tuple[str, ...], stages: int) -> list[ModelChunk]:
     return chunks
 
 
+def _explicit_layout(config: ModelConfig) -> list[ModelChunk]:
+    """`pipeline_model_parallel_layout`: each chunk's decoder layers ('t'), in layer order
+    (config validation has checked it; MTP is then on the last chunk of the last stage)."""
+    from qaudit.megatron.pp_layout import read_layout
+
+    stages = config.pipeline_model_parallel_size
+    layout = read_layout(config.pipeline_model_parallel_layout, stages, config.num_layers,
+                         config.mtp_depths)
+    chunks, start = [], 0
+    for index, count in enumerate(layout.decoder_counts()):
+        chunks.append(ModelChunk(index % stages, index // stages, start, count))
+        start += count
+    return chunks
+
+
 def pipeline_layout(config: ModelConfig) -> list[ModelChunk]:
     """Every model chunk, in the order a microbatch's forward passes through them."""
     stages = config.pipeline_model_parallel_size
     pattern = config.hybrid_pattern()
     if pattern is not None and pattern.has_pipes:
         return _segment_layout(pattern.segments, stages)
+    if config.pipeline_model_parallel_layout is not None:
+        return _explicit_layout(config)
     vpp = config.virtual_pipeline_model_parallel_size or 1
     counts = _stage_counts(config, stages)
     if vpp == 1:

@@ -7,6 +7,7 @@ from typing import Any
 
 from qaudit.megatron.policies import TrackingPolicy
 from qaudit.probe import Recorder
+from qaudit.upstream.te import NEWEST_TE, TEBehaviour, te_behaviour
 
 
 @dataclass
@@ -14,3 +15,5 @@ class Session:
     runtime: Any  # a runtime: module factories, autocast(), current_quant()
     policy: TrackingPolicy
     recorder: Recorder = field(default_factory=Recorder)
+    # The Transformer Engine behaviour audited for (qaudit/upstream/te.py).
+    te: TEBehaviour = field(default_factory=lambda: te_behaviour(NEWEST_TE))

@@ -13,11 +13,13 @@ from typing import Callable
 import torch
 
 from qaudit.config import ModelConfig
+from qaudit.errors import InputError
+from qaudit.megatron.graphs import captured_armed, has_skip_flag, is_graphed
 from qaudit.megatron.session import Session
 from qaudit.plan import resolve_execution
 from qaudit.precision import Quant
 from qaudit.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
-from qaudit.runtime.reference import WgradPlan, gemm
+from qaudit.runtime.reference import WgradPlan, gemm, weight_cache_use
 
 # Stands for "some quantized ambient context" when only a yes/no is known.
 _ANY_QUANT = Quant("fp8", "any")
@@ -38,10 +40,12 @@ class AuditedModule(torch.nn.Module):
         self.stage = self.chunk = 0
 
     def _record(self, flag: bool | None, inner: torch.nn.Module | None,
-                run: Callable[[], torch.Tensor], ambient: Quant | None = None) -> torch.Tensor:
+                run: Callable[[], torch.Tensor], ambient: Quant | None = None,
+                cache: str | None = None, graph: bool = False) -> torch.Tensor:
         recorder = self.session.recorder
         record = recorder.on_forward(self.fqn, flag, torch.is_grad_enabled(),
-                                     self.session.runtime.current_quant(), self.training, ambient)
+                                     self.session.runtime.current_quant(), self.training, ambient,
+                                     cache=cache, graph=graph)
         target = inner if inner is not None else self
         target.wgrad_listener = recorder.listener_for(record)
         try:
@@ -60,11 +64,18 @@ class TEWrapper(AuditedModule):
         self.disable_parameter_transpose_cache = config.disable_parameter_transpose_cache
         self.matcher: Matcher | None = None
         self.quant_config: QuantConfig | None = None
+        self.graphed = False  # inside a per-layer CUDA graph (set by finish_init)
+        # Decided at the first quantized forward (fp8_param/fp4_param: docs/te-settings.md).
+        self.primary_quantized_weight: bool | None = None
+        # Megatron passes delay_wgrad_compute to every TE linear but the TE LM head.
+        if config.delay_wgrad_compute and self.upstream_class != "TELMHeadColumnParallelLinear":
+            inner.enable_delay_wgrad_compute()
 
     def finish_init(self, fqn: str, recipe: QuantRecipe | None, match_name: str | None = None) -> None:
         """Bind name and recipe after construction, as GPTModel's walk does upstream; recipes
         see `match_name`, the name inside the model chunk."""
         self.fqn, self.match_name = fqn, match_name or fqn
+        self.graphed = is_graphed(self.config, self.match_name)
         if recipe is not None:
             self.matcher = recipe.match(self.match_name)
             if self.matcher is not None:
@@ -89,11 +100,55 @@ class TEWrapper(AuditedModule):
         recipe = self.selected_recipe()
         context = (runtime.autocast(resolve_execution(ambient, recipe)) if recipe is not None
                    else contextlib.nullcontext())
-        with context:
-            out = self._record(flag, self.inner,
-                               lambda: self.inner(x, *args, is_first_microbatch=flag), ambient)
+        graph = self.graphed and self.training
+        skip, flag = self._graph_replay(flag, ambient) if graph else (None, flag)
+        primary = self._primary_weight(ambient)
+        replay = runtime.graph_replay(skip) if skip is not None else contextlib.nullcontext()
+        with context, replay:
+            seen = False if skip is not None else flag  # TE forces False under the skip flag
+            out = self._record(seen, self.inner,
+                               lambda: self.inner(x, *args, is_first_microbatch=flag), ambient,
+                               cache=weight_cache_use(seen, primary, skip), graph=graph)
         self.is_first_microbatch = False
         return out
+
+    def _graph_replay(self, flag: bool | None, ambient: Quant | None
+                      ) -> tuple[bool | None, bool | None]:
+        """(TE's skip-weight-update flag at this replay or None, the flag the graph was
+        captured with) for a graphed module (qaudit/megatron/graphs.py)."""
+        microbatch = self.session.recorder.microbatch
+        if has_skip_flag(self.config):
+            return microbatch != 0, False
+        armed = captured_armed(self.config, microbatch, self.session.te.graph_warmup_rearms)
+        saved = self.is_first_microbatch
+        self.is_first_microbatch = armed
+        try:
+            return None, self.session.policy.flag_to_pass(self, ambient is not None)
+        finally:
+            self.is_first_microbatch = saved
+
+    def _primary_weight(self, ambient: Quant | None) -> bool:
+        """Whether the weight is a primary quantized parameter: a bound recipe's init context
+        decides (`fp8_param`/`fp4_param` of its training recipe), else the config's, which
+        Megatron opens around the layers it runs quantized (not the TE output layer)."""
+        if self.primary_quantized_weight is None:
+            if self.quant_config is not None:
+                chosen = self.quant_config.recipe_for(True)
+                quant = chosen.quant
+                primary = quant is not None and bool(
+                    chosen.fp8_param if quant.fmt == "fp8" else chosen.fp4_param)
+            else:
+                primary = (bool(self.config.fp8_param or self.config.fp4_param)
+                           and ambient is not None
+                           and self.upstream_class != "TELMHeadColumnParallelLinear")
+            self.primary_quantized_weight = primary
+            if hasattr(self.inner, "primary_quantized_weight"):
+                self.inner.primary_quantized_weight = primary
+            elif primary:  # the te runtime builds plain TE modules (no quantized_model_init)
+                raise InputError(f"{self.fqn}: --runtime te does not model primary quantized "
+                                 "weights (a recipe's fp8_param/fp4_param) yet; use --runtime "
+                                 "reference", file=self.config.file)
+        return self.primary_quantized_weight
 
 
 class TELinear(TEWrapper):
@@ -125,15 +180,17 @@ class TELMHeadColumnParallelLinear(TEWrapper):
 
 
 class ColumnParallelLinear(AuditedModule):
-    """Megatron's non-TE linear (the usual output layer): with fusion it always accumulates."""
+    """Megatron's non-TE linear (the usual output layer; every linear of the modelopt spec):
+    with fusion it always accumulates. Never bound to a recipe, never quantized by TE."""
 
     upstream_class = "ColumnParallelLinear"
     is_te = False
+    fused_wgrad = True  # Megatron's own linears fuse wgrad accumulation when the config does
 
     def __init__(self, in_features: int, out_features: int, config: ModelConfig,
-                 session: Session, own_weight: bool) -> None:
+                 session: Session, own_weight: bool = True) -> None:
         super().__init__(config, session)
-        self.fuse = config.gradient_accumulation_fusion
+        self.fuse = config.gradient_accumulation_fusion and self.fused_wgrad
         self.wgrad_listener = None
         if own_weight:
             weight = torch.empty(out_features, in_features)
@@ -153,7 +210,21 @@ class ColumnParallelLinear(AuditedModule):
                     "plan": WgradPlan(self.fuse, True), "listener": self.wgrad_listener}
             return gemm(x, weight, meta)
 
-        return self._record(None, None, run)
+        # A TE autocast around it (a decoder layer's) does not reach a plain matmul.
+        with self.session.runtime.autocast(None):
+            return self._record(None, None, run)
 
     def finish_init(self, fqn: str, recipe: QuantRecipe | None, match_name: str | None = None) -> None:
         self.fqn, self.match_name = fqn, match_name or fqn  # never bound: not a TE module
+
+
+class RowParallelLinear(ColumnParallelLinear):
+    upstream_class = "RowParallelLinear"
+
+
+class ModelOptLinear(ColumnParallelLinear):
+    """The modelopt spec's `Linear` (a torch.nn.Linear): autograd writes `.grad`, which
+    Megatron's DDP then adds into main_grad; no fused accumulation."""
+
+    upstream_class = "Linear"
+    fused_wgrad = False

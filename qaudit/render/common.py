@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from qaudit.errors import printable
 from qaudit.report import SEVERITIES, Finding, ModuleRow, Report
 
 # `decoder.layers.12.mlp.linear_fc1` -> prefix `decoder.layers`, index 12, rest `mlp.linear_fc1`.
@@ -279,3 +280,47 @@ def repo_relative(path: str, cwd: str | os.PathLike | None = None) -> str:
     except ValueError:  # another drive (Windows): the name is all that is not absolute
         relative = absolute.name
     return Path(relative).as_posix()
+
+
+def megatron_text(report: Report) -> str | None:
+    """Which Megatron the verdict is for, and why that one: `megatron-core 0.19.2 (assumed:
+    ...)`. None for reports written before qaudit named it."""
+    target = getattr(report, "megatron", None)
+    if not isinstance(target, dict):
+        return None
+    label = str(target.get("label") or target.get("version") or "?")
+    source, note = target.get("source"), target.get("note")
+    if source == "installed":
+        how = f"installed: {target.get('location')}" + (f"; {note}" if note else "")
+    elif source == "named":
+        how = "named with --megatron"
+    else:
+        how = "assumed" + (f": {note}" if note else "")
+    return printable(f"{label} ({how})")
+
+
+def te_text(report: Report) -> str | None:
+    """Which Transformer Engine behaviour the verdict is for: `Transformer Engine 2.20.2
+    (assumed: ...)`. None for reports written before qaudit named it."""
+    target = getattr(report, "te", None)
+    if not isinstance(target, dict):
+        return None
+    label = str(target.get("label") or target.get("version") or "?")
+    source, note = target.get("source"), target.get("note")
+    if source == "installed":
+        how = f"installed: {target.get('location')}" + (f"; {note}" if note else "")
+    elif source == "named":
+        how = "named with --te"
+    else:
+        how = "assumed" + (f": {note}" if note else "")
+    return printable(f"{label} ({how})")
+
+
+def policy_text(report: Report) -> str:
+    """The audited tracking policy; says so when --policy overrode the Megatron's own."""
+    target = getattr(report, "megatron", None)
+    own = target.get("policy") if isinstance(target, dict) else None
+    if own and own != report.policy:
+        label = target.get("label") or target.get("version")
+        return printable(f"{report.policy} (--policy; {label} behaves as {own})")
+    return printable(str(report.policy))

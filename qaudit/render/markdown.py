@@ -8,9 +8,11 @@ from __future__ import annotations
 import re
 
 from qaudit.render.common import (calls_text, collapse_names, format_error, group_findings,
-                                  group_rows, location, severity_counts, short_type,
-                                  summary_counts, suppressed_findings)
+                                  group_rows, location, megatron_text, policy_text, te_text,
+                                  severity_counts, short_type, summary_counts,
+                                  suppressed_findings)
 from qaudit.report import Report
+from qaudit.upstream.releases import policy_versions
 
 FOLD_ROWS = 15  # more table rows than this go into a <details> block
 
@@ -46,10 +48,16 @@ def summary_line(report: Report, exit_code: int) -> str:
 
 
 def _context(report: Report) -> str:
-    bits = [f"runtime {code(report.runtime)}", f"policy {code(report.policy)}",
+    bits = [f"runtime {code(report.runtime)}", f"policy {code(policy_text(report))}",
             f"{report.steps} step(s) x {report.microbatches} microbatch(es)"]
     if report.recipe:
         bits.insert(0, f"recipe {code(report.recipe)}")
+    megatron = megatron_text(report)
+    if megatron:
+        bits.append(f"for {escape(megatron)}")
+    te = te_text(report)
+    if te:
+        bits.append(f"with {escape(te)}")
     return " · ".join(bits)
 
 
@@ -123,7 +131,8 @@ def _policies(policies) -> list[str]:
     rows = [[code(str(group))] + [code(str(v.get(n, "-"))) if isinstance(v, dict)
                                   else escape(str(v)) for n in names]
             for group, v in policies.items()]
-    return lines + _table(["module group"] + [code(n) for n in names], rows)
+    return lines + _table(["module group"] + [f"{code(n)} ({escape(policy_versions(n))})"
+                                              for n in names], rows)
 
 
 def _suggestions(suggestions) -> list[str]:

@@ -99,6 +99,9 @@ def sarif_dict(report: Report, exit_code: int) -> dict[str, Any]:
         "columnKind": "unicodeCodePoints",
         "invocations": [{"executionSuccessful": True, "exitCode": exit_code}],
         "properties": {"runtime": report.runtime, "policy": report.policy,
+                       **({"megatron": report.megatron} if getattr(report, "megatron", None)
+                          else {}),
+                       **({"te": report.te} if getattr(report, "te", None) else {}),
                        "config": repo_relative(report.config)
                        if not report.config.startswith("<") else report.config,
                        "recipe": repo_relative(report.recipe) if report.recipe else None,

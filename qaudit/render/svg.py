@@ -17,6 +17,7 @@ KINDS = (
     ("self_attention.linear_qkv", "qkv"),
     ("self_attention.linear_q_proj", "q"),
     ("self_attention.linear_kv_proj", "kv"),
+    ("self_attention.linear_qkv_down_proj", "qkv down"),  # mla_down_proj_fusion
     ("self_attention.linear_q_down_proj", "q down"),
     ("self_attention.linear_q_up_proj", "q up"),
     ("self_attention.linear_kv_down_proj", "kv down"),
@@ -138,7 +139,7 @@ def render_svg(report: Report, exit_code: int) -> str:
         f"{_xml(report.config)}</text>",
         '<text x="12" y="40" fill="#444444">'
         + _xml(f"{'recipe ' + report.recipe if report.recipe else 'no recipe'} · "
-               f"policy {report.policy} · "
+               f"policy {report.policy} · {_megatron_label(report)}"
                f"{len(report.modules)} modules, {failing} failing · exit {exit_code}")
         + "</text>",
     ]
@@ -188,3 +189,10 @@ def render_svg(report: Report, exit_code: int) -> str:
                "empty cell: no such module in that layer</text>")
     out.append("</svg>")
     return "\n".join(out) + "\n"
+
+
+def _megatron_label(report: Report) -> str:
+    target = getattr(report, "megatron", None)
+    te = getattr(report, "te", None)
+    return ((f"for {target.get('label')} · " if isinstance(target, dict) else "")
+            + (f"{te.get('label')} · " if isinstance(te, dict) else ""))

@@ -13,8 +13,10 @@ from typing import Callable
 
 from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_names,
                                   format_error, group_findings, group_rows, location,
-                                  short_type, summary_line, suppressed_findings)
+                                  megatron_text, policy_text, te_text, short_type, summary_line,
+                                  suppressed_findings)
 from qaudit.report import Report
+from qaudit.upstream.releases import policy_versions
 
 DEFAULT_WIDTH = 80
 GAP = "  "
@@ -48,8 +50,14 @@ def _truncate(text: str, limit: int) -> str:
 
 
 def _header(report: Report, width: int) -> list[str]:
-    lines = [f"runtime: {report.runtime}   policy: {report.policy}   "
+    lines = [f"runtime: {report.runtime}   policy: {policy_text(report)}   "
              f"steps: {report.steps} x {report.microbatches} microbatches"]
+    megatron = megatron_text(report)
+    if megatron:
+        lines.extend(_wrap(f"megatron: {megatron}", width, "", "  "))
+    te = te_text(report)
+    if te:
+        lines.extend(_wrap(f"te: {te}", width, "", "  "))
     config = f"config: {report.config}"
     recipe = f"recipe: {report.recipe}" if report.recipe else ""
     if recipe and len(config) + 3 + len(recipe) <= width:
@@ -183,7 +191,7 @@ def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
 
 def _policy_lines(policies) -> list[str]:
     """The verdict of each module group under each tracking policy (--compare-policies)."""
-    lines = ["", "verdict under each tracking policy:"]
+    lines = ["", "verdict under each tracking policy (and the Megatron versions that have it):"]
     if not isinstance(policies, dict):
         return lines + [f"  {policies}"]
     names: list[str] = []
@@ -194,8 +202,11 @@ def _policy_lines(policies) -> list[str]:
     rows = [[str(group)] + [str(v.get(n, "-")) if isinstance(v, dict) else str(v) for n in names]
             for group, v in policies.items()]
     heads = ["module group"] + names
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(heads)]
+    versions = [""] + [policy_versions(name) for name in names]
+    widths = [max([len(h), len(v)] + [len(r[i]) for r in rows])
+              for i, (h, v) in enumerate(zip(heads, versions))]
     lines.append(INDENT + _join(_pad(heads, widths)))
+    lines.append(INDENT + _join(_pad(versions, widths)))
     lines.extend(INDENT + _join(_pad(r, widths)) for r in rows)
     return lines
 

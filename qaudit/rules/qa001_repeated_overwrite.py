@@ -35,8 +35,8 @@ def _fix(config: ModelConfig, module: str, policy: str, stale: bool, always: boo
         return ("a module run several times per microbatch cannot use overwrite_main_grad: "
                 "keep its weight out of Megatron-FSDP's optim_grads sharding or untie the repeat")
     if stale:
-        return ("use a Megatron-LM with PR #6965 (--policy config: BF16 configs pass None and "
-                "accumulate), or set gradient_accumulation_fusion: false")
+        return ("use Megatron-LM main with PR #6965 (--megatron main: BF16 configs pass None "
+                "and accumulate), or set gradient_accumulation_fusion: false")
     options = []
     if module.startswith("mtp.") and config.mtp_use_repeated_layer:
         options.append("mtp_use_repeated_layer: false (one MTP layer per depth)")

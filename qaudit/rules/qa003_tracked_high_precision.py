@@ -29,7 +29,9 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
         where = (f"called {row.calls_per_microbatch}x per microbatch, so the overwrite discards "
                  "other calls' gradients" if repeated else
                  "harmless here: the overwrite lands on a freshly zeroed buffer")
+        fix = ("Megatron-LM main (PR #6965, --megatron main) passes None when the config "
+               "quantizes nothing" if row.tracked == "stale" else
+               "PR #7353 (--policy module) passes None to high-precision modules")
         yield Finding("QA003", "error" if repeated else "info", module,
                       f"{module}: runs bf16 but is tracked: its first call overwrites main_grad "
-                      f"for nothing ({where})", facts.config.file, None,
-                      "PR #7353 (--policy module) passes None to high-precision modules")
+                      f"for nothing ({where})", facts.config.file, None, fix)

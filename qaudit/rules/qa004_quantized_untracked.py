@@ -13,11 +13,13 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
     """The module executes quantized but is passed `is_first_microbatch=None`, so TE keeps no
     quantized weight and quantizes it again on every call, every microbatch. Correct, but a
     cost: one weight quantization per call instead of one per step. Usually the result of
-    `disable_parameter_transpose_cache: true`.
+    `disable_parameter_transpose_cache: true`. Not for primary quantized weights
+    (`fp8_param`), which are stored quantized and never re-quantized per call.
     """
     for module in facts.te_modules:
         row = facts.rows_by_name[module]
-        if row.tracked == "no" and row.precision not in ("bf16", "-"):
+        primary = any(r.cache == "primary" for r in facts.records.get(module, []))
+        if row.tracked == "no" and row.precision not in ("bf16", "-") and not primary:
             line = facts.config.line_of("disable_parameter_transpose_cache")
             yield Finding("QA004", "info", module,
                           f"{module}: executes {row.precision} with is_first_microbatch=None: "

@@ -12,7 +12,10 @@ from qaudit.rules import AuditFacts, rule
 def check(facts: AuditFacts) -> Iterable[Finding]:
     """The config (or launch script) sets something that can change which TE modules run, how
     often, or in which precision, but qaudit does not model it yet. The audit went on without
-    it, so its result may not hold for the real run. The message names the setting.
+    it, so its result may not hold for the real run. The message names the setting as it was
+    written and says what TE or Megatron does differently; a YAML field, a MODEL_ARGS key and
+    a launch-script flag for the same setting get the same reason (one table:
+    qaudit/unmodelled.py).
     """
     source = facts.config.source
     for note in (source.notes if source else []):

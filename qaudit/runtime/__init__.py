@@ -31,7 +31,7 @@ def te_unavailable_reason() -> str:
     return ""
 
 
-def select_runtime(name: str, device: str | None = None):
+def select_runtime(name: str, device: str | None = None, reads_overwrite_main_grad: bool = True):
     """The runtime `name` on `device` (None: te on CUDA, reference on CPU).
 
     `auto` is te when Transformer Engine imports and CUDA is visible (and --device is not cpu),
@@ -64,4 +64,4 @@ def select_runtime(name: str, device: str | None = None):
         if not torch.cuda.is_available():
             raise EnvironmentProblem("--device cuda: no CUDA device is visible to torch "
                                      f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")
-    return ReferenceRuntime(device or "cpu")
+    return ReferenceRuntime(device or "cpu", reads_overwrite_main_grad)

@@ -8,11 +8,18 @@ An executable specification of semantics.md §1, not a mock:
   `main_grad`, fused + None/False accumulates, unfused returns a plain autograd `.grad`;
   `overwrite_main_grad` (read at forward) overwrites on every backward;
 - §1.3: `grad_added_to_main_grad` set after a fused wgrad, with a dummy wgrad returned;
-- §1.4: fused wgrad without `main_grad` fails with AttributeError in backward.
+- §1.4: fused wgrad without `main_grad` fails with AttributeError in backward;
+- the settings of docs/te-settings.md: a frozen weight (`requires_grad=False`) gets no weight
+  gradient; a primary quantized weight (`fp8_param`) bypasses the workspace; delayed weight
+  gradients queue each backward's GEMM, decision frozen, for `backward_dw()`; inside a CUDA
+  graph with TE's skip flag the module sees `is_first_microbatch=False` and the workspace
+  refresh follows the flag (`graph_replay`); `overwrite_main_grad` only where the TE version
+  reads it.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
@@ -41,6 +48,40 @@ def autocast(quant: Quant | None) -> Iterator[None]:
 
 def current_quant() -> Quant | None:
     return _autocast_stack[-1]
+
+
+# TE's skip-weight-update flag of a CUDA-graph replay: None outside graphs (or a graph
+# captured without the flag), True to keep the cached quantized weight, False to refresh it.
+_graph_skip_stack: list[bool | None] = [None]
+
+
+@contextlib.contextmanager
+def graph_replay(skip_weight_update: bool | None) -> Iterator[None]:
+    """Run modules as a replay of a graph captured with TE's skip flag (TE `graph.py`,
+    `make_graphed_callables(cache_quantized_params=True)` / Megatron's local graphs): the
+    module sees `is_first_microbatch=False` (captured so), and a cached quantized weight is
+    refreshed unless `skip_weight_update` (the device-side no-op flag of `quantize_weight`)."""
+    _graph_skip_stack.append(skip_weight_update)
+    try:
+        yield
+    finally:
+        _graph_skip_stack.pop()
+
+
+def weight_cache_use(is_first_microbatch: bool | None, primary: bool = False,
+                     skip_weight_update: bool | None = None) -> str:
+    """What TE's `quantize_weight` does with a quantized module's weight at one call:
+    "primary" (the parameter is already quantized: no workspace), "fresh" (None: quantized
+    anew, nothing kept), "refresh" (True, or a graph replay that does not skip the update)
+    or "reuse". A cache miss creates the workspace whatever the flag; the audit's models keep
+    one from the first call on, so a miss is counted as a refresh."""
+    if primary:
+        return "primary"
+    if skip_weight_update is not None:
+        return "reuse" if skip_weight_update else "refresh"
+    if is_first_microbatch is None:
+        return "fresh"
+    return "refresh" if is_first_microbatch else "reuse"
 
 
 @dataclass(frozen=True)
@@ -110,6 +151,11 @@ class GemmsFunction(torch.autograd.Function):
         else:
             dx, dw = _grouped_grads(g, xq, compute, meta["m_splits"])
         plan: WgradPlan = meta["plan"]
+        if not meta.get("weight_requires_grad", True):
+            return None, dx, None  # frozen weight: TE computes no weight gradient
+        store = meta.get("wgrad_store")
+        if store is not None:
+            return None, dx, store.put(plan, ctx.weight, dw, meta["listener"])
         wgrad = _apply_wgrad(plan, ctx.weight, dw)
         listener = meta["listener"]
         if listener is not None:
@@ -134,15 +180,19 @@ def _grouped_grads(g: torch.Tensor, xq: torch.Tensor, compute: torch.Tensor,
     return dx, dw
 
 
-def _apply_wgrad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor):
-    """Write the weight gradient as TE does; return what autograd receives."""
-    if not plan.fused:
-        return dw.to(weight.dtype)
+def _write_main_grad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor) -> None:
     main_grad = weight.main_grad  # AttributeError here when missing, as in TE
     if plan.accumulate:
         main_grad.add_(dw)
     else:
         main_grad.copy_(dw)
+
+
+def _apply_wgrad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor):
+    """Write the weight gradient as TE does; return what autograd receives."""
+    if not plan.fused:
+        return dw.to(weight.dtype)
+    _write_main_grad(plan, weight, dw)
     if hasattr(weight, "grad_added_to_main_grad"):
         weight.grad_added_to_main_grad = True
         # TE hands autograd a dummy (an uninitialised buffer unless zero_out_wgrad); zeros
@@ -151,27 +201,93 @@ def _apply_wgrad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor):
     return None
 
 
+class WeightGradStore:
+    """TE's `WeightGradStore` (module/_common.py) for one module: a FIFO of wgrad GEMMs queued
+    by backward with their accumulate decision already taken, run by `backward_dw`."""
+
+    def __init__(self) -> None:
+        self.queue: collections.deque = collections.deque()
+
+    def put(self, plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor,
+            listener: WgradListener | None):
+        """Queue the GEMM; return what backward hands autograd now (TE linear.py backward):
+        with fusion a dummy (and `grad_added_to_main_grad` set already), else None."""
+        self.queue.append((plan, weight, dw, listener))
+        if plan.fused and hasattr(weight, "grad_added_to_main_grad"):
+            weight.grad_added_to_main_grad = True
+            return weight.new_zeros(()).expand_as(weight)
+        return None
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+
 class _ReferenceModule(torch.nn.Module):
     """Common state of the TE-like modules: fusion switch, workspace, listener."""
 
-    def __init__(self, fuse_wgrad_accumulation: bool) -> None:
+    def __init__(self, fuse_wgrad_accumulation: bool, reads_overwrite_main_grad: bool = True) -> None:
         super().__init__()
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        # TE before v2.9 has no overwrite_main_grad (qaudit/upstream/te.py).
+        self.reads_overwrite_main_grad = reads_overwrite_main_grad
+        # The parameter is stored quantized (fp8_param / quantized_model_init): no workspace.
+        self.primary_quantized_weight = False
+        self.wgrad_store: WeightGradStore | None = None
+        self.wgrad_accumulation_and_reduce_hooks: list[Callable[[], None]] = []
         self._fp8_workspaces: dict[str, tuple[Quant, torch.Tensor]] = {}
         # Set by whoever observes this module; receives each backward's wgrad decision.
         self.wgrad_listener: WgradListener | None = None
         self.workspace_events: list[str] = []
 
+    # --- delayed weight gradients (TE module/base.py) ------------------------------------
+    def enable_delay_wgrad_compute(self) -> None:
+        """As TE's constructor with `delay_wgrad_compute=True`: queue wgrad GEMMs, and mark
+        the weights so that Megatron's DDP hooks the module instead of the parameter."""
+        self.wgrad_store = WeightGradStore()
+        for name, param in self.named_parameters():
+            if name.startswith("weight"):
+                param.skip_backward_post_hook = True
+
+    def register_wgrad_accumulation_and_reduce_hooks(self, hook: Callable[[], None]) -> None:
+        self.wgrad_accumulation_and_reduce_hooks.append(hook)
+
+    def need_backward_dw(self) -> bool:
+        return self.wgrad_store is not None
+
+    def backward_dw(self) -> None:
+        """Run ONE queued wgrad GEMM (FIFO), then the module's hooks. With fusion it writes
+        `main_grad` with the decision taken in backward; without, it ASSIGNS `weight.grad`
+        (TE v2.8+), so a second call replaces an unconsumed first one. An empty queue raises
+        as TE's Linear does."""
+        if not self.need_backward_dw():
+            return
+        if not self.wgrad_store.queue:
+            raise RuntimeError("Pop empty queue. No distributed environment detected.")
+        plan, weight, dw, listener = self.wgrad_store.queue.popleft()
+        if plan.fused:
+            _write_main_grad(plan, weight, dw)
+        else:
+            weight.grad = dw.to(weight.dtype)
+        if listener is not None:
+            listener(plan.decision)
+        for hook in self.wgrad_accumulation_and_reduce_hooks:
+            hook()
+
     def _compute_weight(self, weight: torch.Tensor, quant: Quant | None,
                         is_first_microbatch: bool | None) -> torch.Tensor:
-        """The weight as the GEMM sees it (semantics.md §1.1)."""
+        """The weight as the GEMM sees it (semantics.md §1.1, TE module/base.py
+        `quantize_weight`)."""
         if quant is None:
             return weight.detach()
-        if is_first_microbatch is None:
+        skip = _graph_skip_stack[-1]
+        use = weight_cache_use(is_first_microbatch, self.primary_quantized_weight, skip)
+        if use in ("primary", "fresh"):
+            if use == "primary":
+                self.workspace_events.append("primary")
             return fake_quantize(weight.detach(), quant, "weight")
         cached = self._fp8_workspaces.get("weight")
         fits = cached is not None and cached[0] == quant and cached[1].shape == weight.shape
-        if fits and not is_first_microbatch:
+        if fits and use == "reuse":
             self.workspace_events.append("reuse")
             return cached[1]
         self.workspace_events.append("refresh" if fits else "rebuild" if cached else "create")
@@ -181,16 +297,22 @@ class _ReferenceModule(torch.nn.Module):
 
     def _gemm(self, x: torch.Tensor, m_splits: Sequence[int] | None,
               is_first_microbatch: bool | None) -> torch.Tensor:
+        if _graph_skip_stack[-1] is not None:
+            is_first_microbatch = False  # TE forces it inside a capture with the skip flag
         quant = current_quant()
         weight = self.weight
+        overwrite = self.reads_overwrite_main_grad and bool(getattr(weight, "overwrite_main_grad",
+                                                                     False))
         meta = {
             "quant": quant,
             "m_splits": list(m_splits) if m_splits is not None else None,
             "compute_weight": self._compute_weight(weight, quant, is_first_microbatch),
             # Read at forward, as TE does since PR #2549.
-            "plan": wgrad_plan(self.fuse_wgrad_accumulation, is_first_microbatch,
-                               bool(getattr(weight, "overwrite_main_grad", False))),
+            "plan": wgrad_plan(self.fuse_wgrad_accumulation, is_first_microbatch, overwrite),
             "listener": self.wgrad_listener,
+            # Saved at forward, as TE's weight_requires_grad.
+            "weight_requires_grad": weight.requires_grad,
+            "wgrad_store": self.wgrad_store,
         }
         return gemm(x, weight, meta)
 
@@ -254,31 +376,52 @@ class GroupedLinear(_ReferenceModule):
                 is_first_microbatch: bool | None = None) -> torch.Tensor:
         return self._gemm(x, m_splits, is_first_microbatch)
 
+    def backward_dw(self) -> None:
+        # TE main's GroupedLinear returns on an empty queue instead of raising.
+        if self.wgrad_store is not None and not self.wgrad_store.queue:
+            return
+        super().backward_dw()
+
 
 class ReferenceRuntime:
-    """The runtime seam (design.md): module factories plus the autocast state."""
+    """The runtime seam (design.md): module factories plus the autocast state.
+
+    `reads_overwrite_main_grad`: whether the TE version audited for has `overwrite_main_grad`
+    (v2.9+, qaudit/upstream/te.py)."""
 
     name = "reference"
+    # CUDA-graph replays with TE's skip flag can be emulated (graph_replay).
+    emulates_cuda_graphs = True
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", reads_overwrite_main_grad: bool = True) -> None:
         self.device = device
+        self.reads_overwrite_main_grad = reads_overwrite_main_grad
 
     @property
     def description(self) -> str:
         return f"reference ({self.device.upper()})"
 
+    def _configured(self, module: _ReferenceModule) -> _ReferenceModule:
+        module.reads_overwrite_main_grad = self.reads_overwrite_main_grad
+        return module
+
     def linear(self, in_features: int, out_features: int, *, fuse: bool) -> torch.nn.Module:
-        return Linear(in_features, out_features, fuse_wgrad_accumulation=fuse)
+        return self._configured(Linear(in_features, out_features, fuse_wgrad_accumulation=fuse))
 
     def layernorm_linear(self, in_features: int, out_features: int, *, fuse: bool) -> torch.nn.Module:
-        return LayerNormLinear(in_features, out_features, fuse_wgrad_accumulation=fuse)
+        return self._configured(LayerNormLinear(in_features, out_features,
+                                                fuse_wgrad_accumulation=fuse))
 
     def grouped_linear(self, num_gemms: int, in_features: int, out_features: int, *,
                        fuse: bool) -> torch.nn.Module:
-        return GroupedLinear(num_gemms, in_features, out_features, fuse_wgrad_accumulation=fuse)
+        return self._configured(GroupedLinear(num_gemms, in_features, out_features,
+                                              fuse_wgrad_accumulation=fuse))
 
     def autocast(self, quant: Quant | None):
         return autocast(quant)
+
+    def graph_replay(self, skip_weight_update: bool | None):
+        return graph_replay(skip_weight_update)
 
     def current_quant(self) -> Quant | None:
         return current_quant()

@@ -19,6 +19,7 @@ from typing import Mapping
 from qaudit.config import ConfigSource, ModelConfig, config_from_mapping
 from qaudit.errors import InputError
 from qaudit.sources.argv import split_argv
+from qaudit.sources.entry import entry_of
 from qaudit.sources.launch_script import launch_script_words, looks_like_launch_script
 from qaudit.sources.model_args import model_args_words, read_model_args_file
 from qaudit.sources.translate import translate
@@ -36,19 +37,21 @@ def load_source_config(path: Path, display: str,
         text = read_text(path, display)
         if "\x00" in text:
             raise InputError("binary data (NUL byte), expected a bash script", file=display)
-        words, notes = launch_script_words(text, display, variables)
+        words, notes, script = launch_script_words(text, display, variables)
     elif path.suffix in (".yaml", ".yml") or not path.suffix:
         sections = read_model_args_file(read_text(path, display), display)
         if sections is None:
             return None  # not a MODEL_ARGS file: the plain TransformerConfig YAML route
         words, notes = model_args_words(sections, display, variables)
+        script = None  # the functional-test recipe, not this file, names the entry script
     else:
         return None
-    result = translate(split_argv(words), display)
+    result = translate(split_argv(words), display, entry_of(script, display))
     _resolve_recipe(result.mapping, path, display)
     source = ConfigSource(display, path, result.mapping, notes + result.notes)
     try:
-        return config_from_mapping(result.mapping, source)
+        # Every flag was checked against the unmodelled table already (translate).
+        return config_from_mapping(result.mapping, source, note_settings=False)
     except InputError as exc:
         # Name the flag the user wrote rather than the TransformerConfig field.
         raise InputError(exc.message, file=exc.file, line=exc.line,

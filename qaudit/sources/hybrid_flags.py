@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from qaudit.errors import InputError
 from qaudit.megatron.hybrid_pattern import MTP_SEPARATOR, parse_pattern
 from qaudit.sources.argv import Occurrence
+from qaudit.unmodelled import HYBRID_WITHOUT_PATTERN
 from qaudit.yamlio import short_repr
 
 if TYPE_CHECKING:
@@ -49,9 +50,7 @@ def apply_hybrid(t: Translator) -> None:
     if pattern is None:
         hybrid = t.last.get("--is-hybrid-model")
         if hybrid is not None:
-            t.note("--is-hybrid-model: without --hybrid-layer-pattern the hybrid layers are not "
-                   "known (Megatron builds them from the pattern); audited as a GPT stack",
-                   hybrid.line, hybrid.flag)
+            t.note(f"--is-hybrid-model: {HYBRID_WITHOUT_PATTERN}", hybrid.line, hybrid.flag)
         return
     _derive(t, source, pattern)
 

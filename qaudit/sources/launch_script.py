@@ -32,8 +32,10 @@ def _megatron_flag_count(words: list[Word]) -> int:
     return sum(1 for w in words if w.text.split("=", 1)[0] in UPSTREAM_FLAGS)
 
 
-def launch_script_words(text: str, file: str,
-                        variables: Mapping[str, str]) -> tuple[list[Word], list[SourceNote]]:
+def launch_script_words(text: str, file: str, variables: Mapping[str, str]
+                        ) -> tuple[list[Word], list[SourceNote], Word | None]:
+    """The argv Megatron gets, notes, and the entry script word (None: the file launches
+    nothing and only holds flag variables)."""
     # Reading creates millions of small acyclic objects (tokens, characters) that reference
     # counting frees; the cycle collector's passes over them cost more than the reading itself
     # on a 1 MiB script.
@@ -46,8 +48,8 @@ def launch_script_words(text: str, file: str,
             gc.enable()
 
 
-def _launch_script_words(text: str, file: str,
-                         variables: Mapping[str, str]) -> tuple[list[Word], list[SourceNote]]:
+def _launch_script_words(text: str, file: str, variables: Mapping[str, str]
+                         ) -> tuple[list[Word], list[SourceNote], Word | None]:
     try:
         tree = parse_script(text, file)
     except RecursionError:
@@ -62,13 +64,13 @@ def _launch_script_words(text: str, file: str,
                 notes.append(SourceNote(f"line {other.line} launches Megatron again with other "
                                         f"flags; only the launch at line {chosen.line} is "
                                         f"audited", other.line, "launch"))
-        return chosen.argv, notes
+        return chosen.argv, notes, chosen.script
     words = _flag_variables(outcome)
     if not words:
         raise InputError("no Megatron flags found: no command launching a Python entry script "
                          "with Megatron flags (torchrun ... pretrain_gpt.py --num-layers ...) "
                          "and no variable holding such flags", file=file)
-    return words, notes
+    return words, notes, None
 
 
 def _flag_variables(outcome: Outcome) -> list[Word]:

@@ -7,9 +7,11 @@ Three kinds, checked against `megatron/training/arguments.py` and
 - `MODELLED`: the flag sets a `TransformerConfig` field qaudit models (see `qaudit.config`);
   `translate` turns it into that field. Flags whose effect is not a plain field copy (GQA,
   SwiGLU's default FFN width, kitchen, recompute shortcuts) are handled there by name.
-- `UNMODELLED`: the flag can change which TE modules exist, how often they run, in which
-  precision, or how their gradients land, but the audit does not model it. Each becomes a
-  `SourceNote` (rule QA090 turns it into a warning); the audit goes on without it.
+- `UNMODELLED`: flags whose reading the audit does not follow (custom specs, argument files,
+  checkpoint arguments, and features modelled only once a field exists). Each becomes a
+  `SourceNote` (rule QA090 turns it into a warning); the audit goes on without it. Flags that
+  set a config field or a Megatron argument the audit does not model are looked up in the
+  table every input route shares, qaudit/unmodelled.py (qaudit/sources/translate.py).
 - everything else Megatron's parser knows (data, logging, optimizer, checkpointing, learning
   rate, parallel sizes that do not change per-module behaviour, ...): irrelevant to the audit,
   accepted silently.
@@ -109,6 +111,8 @@ _MODELLED: dict[str, Modelled] = {
     "--decoder-last-pipeline-num-layers": Modelled("num_layers_in_last_pipeline_stage", to_int),
     "--account-for-embedding-in-pipeline-split": Modelled("account_for_embedding_in_pipeline_split"),
     "--account-for-loss-in-pipeline-split": Modelled("account_for_loss_in_pipeline_split"),
+    # validate_args derives the virtual pipeline size from it (config does, as TransformerConfig).
+    "--pipeline-model-parallel-layout": Modelled("pipeline_model_parallel_layout", to_str),
     # Multi-latent attention (translate fills the CLI defaults of the two ranks).
     "--multi-latent-attention": Modelled("multi_latent_attention"),
     "--q-lora-rank": Modelled("q_lora_rank", to_int),
@@ -116,6 +120,8 @@ _MODELLED: dict[str, Modelled] = {
     "--qk-head-dim": Modelled("qk_head_dim", to_int),
     "--qk-pos-emb-head-dim": Modelled("qk_pos_emb_head_dim", to_int),
     "--v-head-dim": Modelled("v_head_dim", to_int),
+    "--qk-layernorm": Modelled("qk_layernorm"),
+    "--mla-down-proj-fusion": Modelled("mla_down_proj_fusion"),
     "--use-megatron-fsdp": Modelled("use_megatron_fsdp"),
     # Hybrid (Mamba) models: translate derives num_layers, MTP depths and virtual pipelining
     # from the pattern and handles --hybrid-override-pattern / --mtp-hybrid-override-pattern.
@@ -127,6 +133,16 @@ _MODELLED: dict[str, Modelled] = {
     "--data-parallel-sharding-strategy": Modelled("data_parallel_sharding_strategy", to_str),
     # Encoder-decoder (T5): translate sets num_layers too and handles --decoder-num-layers.
     "--encoder-num-layers": Modelled("encoder_num_layers", to_int),
+    # Settings that change what TE does (docs/te-settings.md).
+    "--delay-wgrad-compute": Modelled("delay_wgrad_compute"),
+    "--cuda-graph-impl": Modelled("cuda_graph_impl", to_str),
+    "--enable-cuda-graph": Modelled("enable_cuda_graph"),
+    "--external-cuda-graph": Modelled("external_cuda_graph"),
+    "--cuda-graph-modules": Modelled("cuda_graph_modules", to_str, many=True),
+    "--cuda-graph-scope": Modelled("cuda_graph_scope", to_str, many=True),
+    "--fp8-param-gather": Modelled("fp8_param"),  # argument_utils: fp8_param = fp8_param_gather
+    "--fp4-param-gather": Modelled("fp4_param"),
+    "--freeze-all-layers": Modelled("freeze_all_layers"),
 }
 
 # Flags that are not a field copy but still decide modelled fields (handled in translate).
@@ -154,14 +170,6 @@ def _above_one(values: list[str]) -> bool:
         return True
 
 
-def _not_none(values: list[str]) -> bool:
-    return not values or values[0] != "none"
-
-
-def _not_te(values: list[str]) -> bool:
-    return not values or values[0] != "transformer_engine"
-
-
 def _not_hybrid_spec(values: list[str]) -> bool:
     words = set(" ".join(values).strip("[]\"' ").replace(",", " ").split())
     return not (_HYBRID_FIELD in MODELLED_FIELDS and words in _HYBRID_SPECS)
@@ -179,9 +187,6 @@ _HYBRID_FIELD = "hybrid_layer_pattern"
 _HYBRID_SPECS = ({"megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"},
                  {"megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"})
 _T5, _T5_FIELD = "encoder-decoder (T5) models are not modelled", "encoder_num_layers"
-_GRAPHS = ("CUDA graphs are not modelled (replays bypass the wrappers; captured backward "
-           "accumulates)")
-_OVERLAP = "communication overlap changes when gradients are reduced; not modelled"
 
 UNMODELLED: dict[str, Unmodelled] = {
     # Pipeline and virtual pipeline: modelled once qaudit.config has the layout fields.
@@ -196,25 +201,13 @@ UNMODELLED: dict[str, Unmodelled] = {
         _PIPELINE, unless_modelled="account_for_embedding_in_pipeline_split"),
     "--account-for-loss-in-pipeline-split": Unmodelled(
         _PIPELINE, unless_modelled="account_for_loss_in_pipeline_split"),
-    "--pipeline-model-parallel-layout": Unmodelled(
-        "explicit pipeline layouts are not modelled: the audit runs without pipelining"),
-    "--microbatch-group-size-per-virtual-pipeline-stage": Unmodelled(
-        "the interleaved schedule's microbatch grouping is not modelled"),
-    "--mtp-standalone": Unmodelled("MTP placed in its own pipeline stage is not modelled"),
-    # Multi-latent attention: modelled when qaudit.config models it (see note_for); the fused
-    # down-projection (linear_qkv_down_proj) is not.
+    # Multi-latent attention: modelled when qaudit.config models it (see note_for).
     "--multi-latent-attention": Unmodelled(_MLA, unless_modelled=_MLA_FIELD),
     "--q-lora-rank": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
     "--kv-lora-rank": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
     "--qk-head-dim": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
     "--qk-pos-emb-head-dim": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
     "--v-head-dim": Unmodelled(_MLA, requires=_MLA_FLAG, unless_modelled=_MLA_FIELD),
-    "--mla-down-proj-fusion": Unmodelled("the fused MLA down-projection (linear_qkv_down_proj) "
-                                         "is not modelled", requires=_MLA_FLAG),
-    "--experimental-attention-variant": Unmodelled(
-        "experimental attention variants (gated delta net, DSA) build other attention modules; "
-        "not modelled"),
-    "--linear-attention-freq": Unmodelled("linear attention layers are not modelled"),
     # Hybrid / Mamba models, heterogeneous stacks, encoder-decoder models, custom specs.
     # (Modelled once qaudit.config has the pattern field; translate notes --is-hybrid-model
     # given without a pattern.)
@@ -232,54 +225,8 @@ UNMODELLED: dict[str, Unmodelled] = {
                          _not_hybrid_spec),
     "--yaml-cfg": Unmodelled("arguments read from a YAML config file are not seen"),
     "--use-checkpoint-args": Unmodelled("model arguments loaded from the checkpoint are not seen"),
-    "--transformer-impl": Unmodelled("only transformer_engine layers are modelled", _not_te),
-    "--use-transformer-engine-op-fuser": Unmodelled(
-        "TE op-fuser MLPs always accumulate and ignore per-module recipes; not modelled"),
-    "--use-grouped-gemm-for-shared-expert": Unmodelled("grouped shared experts are not modelled"),
-    "--use-grouped-gemm-for-dense-mlp": Unmodelled("grouped dense MLPs are not modelled"),
-    "--moe-single-grouped-weight": Unmodelled("a single grouped expert weight is not modelled"),
-    "--moe-use-grouped-tensor": Unmodelled("grouped expert tensors are not modelled"),
-    "--moe-latent-size": Unmodelled("MoE latent projections (fc1/fc2_latent_proj) are not modelled"),
-    "--enable-mhc-connections": Unmodelled("hyper-connections are not modelled"),
-    "--mhc-recompute-layer-num": Unmodelled("hyper-connection recompute is not modelled"),
-    # CUDA graphs.
-    "--enable-cuda-graph": Unmodelled(_GRAPHS),
-    "--external-cuda-graph": Unmodelled(_GRAPHS),
-    "--cuda-graph-impl": Unmodelled(_GRAPHS, _not_none),
-    "--cuda-graph-scope": Unmodelled(_GRAPHS),
-    "--cuda-graph-modules": Unmodelled(_GRAPHS),
-    # Overlaps and deferred weight gradients.
-    "--overlap-grad-reduce": Unmodelled(_OVERLAP),
-    "--overlap-param-gather": Unmodelled(_OVERLAP),
-    "--overlap-param-gather-with-optimizer-step": Unmodelled(_OVERLAP),
-    "--overlap-moe-expert-parallel-comm": Unmodelled(_OVERLAP),
-    "--overlap-dispatch-backward-with-experts-wgrad": Unmodelled(_OVERLAP),
-    "--tp-comm-overlap": Unmodelled(_OVERLAP),
-    "--delay-wgrad-compute": Unmodelled(
-        "delayed weight-gradient GEMMs (queued for backward_dw) are not modelled"),
-    "--defer-embedding-wgrad-compute": Unmodelled(
-        "deferred output-layer weight gradients are not modelled"),
-    # Sharding and weight storage.
-    "--use-torch-fsdp2": Unmodelled("FSDP2 (no quantized weight cache) is not modelled"),
-    "--keep-fp8-transpose-cache": Unmodelled("FSDP's FP8 transpose cache is not modelled"),
-    "--tensor-parallel-num-weight-shards": Unmodelled(
-        "distributed (GTP) weights never accumulate in the GEMM; not modelled", _above_one),
-    "--expert-tensor-parallel-num-weight-shards": Unmodelled(
-        "distributed (GTP) weights never accumulate in the GEMM; not modelled", _above_one),
-    # Quantization details beyond the recipe and format.
-    "--fp8-param-gather": Unmodelled(
-        "FP8 primary weights bypass the quantized weight cache; not modelled"),
-    "--fp4-param-gather": Unmodelled(
-        "FP4 primary weights bypass the quantized weight cache; not modelled"),
-    "--fp8-quantizer-factory": Unmodelled("custom quantizer factories are never imported"),
-    "--fp4-quantizer-factory": Unmodelled("custom quantizer factories are never imported"),
-    "--no-fp8-wgrad": Unmodelled("high-precision weight-gradient GEMMs under FP8 are not modelled"),
-    "--disable-fp8-wgrad": Unmodelled(
-        "high-precision weight-gradient GEMMs under FP8 are not modelled"),
-    "--use-kitchen-attention": Unmodelled("kitchen attention is not modelled"),
-    # Training loops other than pretraining.
-    "--perform-rl-step": Unmodelled("the RL training loop is not modelled"),
-    "--freeze-all-layers": Unmodelled("frozen weights produce no gradients; not modelled"),
+    # Settings that are config fields or Megatron arguments (overlaps, CUDA graph modes, GTP
+    # weights, ...) are in the table every route shares: qaudit/unmodelled.py.
 }
 
 _EXTRA_NOTES = {

@@ -60,6 +60,7 @@ class BreakLoop(Exception):
 class Launch:
     line: int
     argv: list[Word]  # the words after the entry script
+    script: Word | None = None  # the entry script itself (which model it builds: sources.entry)
 
 
 @dataclass
@@ -549,7 +550,7 @@ class Interpreter:
                 argv = words[i + 1:]
                 # What a launch keeps stays in memory to the end: it counts as held.
                 self.hold(sum(len(w.text) + FIELD_COST for w in argv))
-                self.launches.append(Launch(line, argv))
+                self.launches.append(Launch(line, argv, word))
                 return True
             launcher = launcher or base in LAUNCHERS or word.text.startswith("python")
         return False

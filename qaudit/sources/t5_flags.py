@@ -5,6 +5,10 @@
 `--num-layers` and `--encoder-num-layers` one value (both given: assertion), and
 `pretrain_t5.py` builds the encoder with it and the decoder with `config.num_layers`, the same
 value: `--decoder-num-layers` is never read. Sequence lengths change no module.
+
+Only `pretrain_t5.py` builds a T5Model: when the launch names a GPT training script
+(`pretrain_gpt.py`, ...), `--encoder-num-layers` is just the layer count of that GPT (the same
+validate_args rule) and the model is not T5.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ def apply_t5(t: Translator) -> None:
     if encoder is None and decoder is None:
         return
     num_layers = t.last.get("--num-layers")
+    if t.entry.builds_gpt:
+        _gpt_layer_count(t, encoder, decoder, num_layers)
+        return
     if encoder is not None and num_layers is not None:
         raise InputError("cannot be given together with --num-layers (Megatron asserts 'cannot "
                          "have both num-layers and encoder-num-layers specified')",
@@ -47,3 +54,22 @@ def apply_t5(t: Translator) -> None:
         # The command line ties them unless --untie-embeddings-and-output-weights is given;
         # the YAML route's default would be T5Model's (untied).
         t.set("share_embeddings_and_output_weights", True, source.line, source.flag)
+
+
+def _gpt_layer_count(t: Translator, encoder, decoder, num_layers) -> None:
+    """A GPT entry script: validate_args' rule without the T5 model around it."""
+    script = t.entry.name
+    if encoder is not None:
+        if num_layers is not None:
+            raise InputError("cannot be given together with --num-layers (Megatron asserts "
+                             "'cannot have both num-layers and encoder-num-layers specified')",
+                             file=t.file, line=encoder.line, key=encoder.flag)
+        count = t.mapping.pop("encoder_num_layers", None)
+        t.flag_of.pop("encoder_num_layers", None)
+        t.set("num_layers", count, encoder.line, encoder.flag)
+    given = [v.text.strip() for v in decoder.values] if decoder is not None else []
+    if decoder is not None and all(v.known for v in decoder.values) \
+            and given != [str(t.mapping.get("num_layers"))]:
+        t.note(f"--decoder-num-layers {' '.join(given)}: {script} builds a GPT model and never "
+               f"reads it; the model has {t.mapping.get('num_layers')} layers", decoder.line,
+               decoder.flag)

@@ -15,11 +15,14 @@ from qaudit.errors import InputError
 from qaudit.sources import megatron_flags as flags
 from qaudit.sources.argv import Argv, Occurrence
 from qaudit.sources.checked_flags import apply_checked
+from qaudit.sources.entry import Entry
 from qaudit.sources.hybrid_flags import apply_hybrid
+from qaudit.sources.modelopt_flags import apply_modelopt, known_modelopt_flag, note_modelopt_flags
 from qaudit.sources.t5_flags import apply_t5
 from qaudit.sources.megatron_flags import to_int
 from qaudit.sources.tokens import External
 from qaudit.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
+from qaudit.unmodelled import UNMODELLED, field_of_dest, note_for_setting
 from qaudit.yamlio import YamlMap, short_repr
 
 REQUIRED_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads")
@@ -52,8 +55,9 @@ class Translation:
 
 
 class Translator:
-    def __init__(self, argv: Argv, file: str) -> None:
+    def __init__(self, argv: Argv, file: str, entry: Entry | None = None) -> None:
         self.file = file
+        self.entry = entry or Entry(None, None, file)
         self.mapping = YamlMap(line=1)
         self.flag_of: dict[str, str] = {}  # field -> the flag that set it, for messages
         self.notes: list[SourceNote] = []
@@ -129,6 +133,8 @@ class Translator:
 
     def classify(self, occurrence: Occurrence) -> None:
         flag = occurrence.flag
+        if self.note_setting(occurrence):
+            return
         note = flags.note_for(flag)
         if note is not None:
             if note.requires and not self.given(note.requires):
@@ -139,21 +145,46 @@ class Translator:
                 return
             shown = f"{flag} {short_repr(' '.join(texts), 40)[1:-1]}".rstrip()
             self.note(f"{shown}: {note.why}", occurrence.line, flag)
-        elif flag not in UPSTREAM_FLAGS and flag not in self.modelled:
+        elif flag not in UPSTREAM_FLAGS and flag not in self.modelled \
+                and not known_modelopt_flag(flag):
             self.note(f"{flag}: not an option of Megatron-LM's training parser (commit "
                       f"{PARSER_COMMIT[:8]}); the audit ignores it", occurrence.line, flag)
+
+    def note_setting(self, occurrence: Occurrence) -> bool:
+        """A flag that sets a config field or argument in the shared table of unmodelled
+        settings gets that table's warning (the same as the YAML route's). True when the flag
+        is in the table (noted or not)."""
+        flag = occurrence.flag
+        if flag not in UPSTREAM_FLAGS:
+            return False
+        dest, kind = UPSTREAM_FLAGS[flag]
+        name = field_of_dest(dest)
+        if name not in UNMODELLED:
+            return False
+        texts = [v.text if v.known else "<unknown>" for v in occurrence.values]
+        known = all(v.known for v in occurrence.values) and not occurrence.word.condition
+        why = UNMODELLED[name].why
+        if known:
+            why = note_for_setting(name, flag_value(kind, texts))
+        if why is not None:
+            shown = f"{flag} {short_repr(' '.join(texts), 40)[1:-1]}".rstrip()
+            self.note(f"{shown}: {why}", occurrence.line, flag)
+        return True
 
     def apply_special(self) -> None:
         if "hybrid_layer_pattern" in MODELLED_FIELDS:
             apply_hybrid(self)
         if "encoder_num_layers" in MODELLED_FIELDS:
             apply_t5(self)
+        apply_modelopt(self)
+        note_modelopt_flags(self)
         gqa = self.last.get("--group-query-attention")
         if gqa is not None and "num_query_groups" in MODELLED_FIELDS:
             self.needed(gqa)
             if "num_query_groups" not in self.mapping:
                 self.set("num_query_groups", 1, gqa.line, gqa.flag)  # the parser's default
         self.fill_ffn_default()
+        self.check_recompute()
         self.pipeline()
         mla = self.last.get("--multi-latent-attention")
         if mla is not None and "multi_latent_attention" in self.mapping:
@@ -170,17 +201,21 @@ class Translator:
                      fsdp.flag)
 
     def pipeline(self) -> None:
-        """validate_args' virtual pipeline size; an explicit layout is not modelled, so the
-        stage fields are dropped (its uneven split would otherwise be refused)."""
+        """validate_args' virtual pipeline size (an explicit layout's is derived with the
+        config, as TransformerConfig does)."""
         if "virtual_pipeline_model_parallel_size" not in MODELLED_FIELDS:
             return
+        given = [self.last[flag] for flag in ("--num-layers-per-virtual-pipeline-stage",
+                                              "--num-virtual-stages-per-pipeline-rank",
+                                              "--pipeline-model-parallel-layout")
+                 if flag in self.last]
+        if len(given) > 1:
+            later = max(given, key=lambda o: o.line or 0)
+            raise InputError("no more than one of --num-layers-per-virtual-pipeline-stage, "
+                             "--num-virtual-stages-per-pipeline-rank and "
+                             "--pipeline-model-parallel-layout can be set (Megatron asserts it)",
+                             file=self.file, line=later.line, key=later.flag)
         if "--pipeline-model-parallel-layout" in self.last:
-            for field in ("pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
-                          "num_layers_in_first_pipeline_stage",
-                          "num_layers_in_last_pipeline_stage",
-                          "account_for_embedding_in_pipeline_split",
-                          "account_for_loss_in_pipeline_split"):
-                self.mapping.pop(field, None)
             return
         per_chunk = self.last.get("--num-layers-per-virtual-pipeline-stage")
         if per_chunk is not None and "--num-virtual-stages-per-pipeline-rank" not in self.last:
@@ -205,14 +240,30 @@ class Translator:
             self.mapping.pop("virtual_pipeline_model_parallel_size")  # upstream: None
 
     def fill_ffn_default(self) -> None:
-        """validate_args: with SwiGLU the default FFN width is 2/3 of 4h, rounded to 64."""
-        gated = self.mapping.get("gated_linear_unit")
+        """validate_args: with --swiglu (only: --quick-geglu is gated too but keeps 4h) the
+        default FFN width is 2/3 of 4h, rounded to 64."""
+        swiglu, geglu = self.last.get("--swiglu"), self.last.get("--quick-geglu")
+        if swiglu is not None and geglu is not None:
+            raise InputError("cannot be combined with --swiglu (Megatron's "
+                             "core_transformer_config_from_args asserts 'not args.swiglu')",
+                             file=self.file, line=geglu.line, key=geglu.flag)
         hidden = self.mapping.get("hidden_size")
-        if gated and "ffn_hidden_size" not in self.mapping and isinstance(hidden, int):
+        if swiglu is not None and "ffn_hidden_size" not in self.mapping and isinstance(hidden, int):
             width = int((4 * hidden * 2 / 3) / 64) * 64
             if width >= 1:
-                self.set("ffn_hidden_size", width, self.mapping.key_lines["gated_linear_unit"],
-                         self.flag_of["gated_linear_unit"])
+                self.set("ffn_hidden_size", width, swiglu.line, swiglu.flag)
+
+    def check_recompute(self) -> None:
+        """validate_args: --recompute-activations means selective recompute, and selective
+        recompute takes no --recompute-method (an assertion)."""
+        method = self.last.get("--recompute-method")
+        if method is None or self.mapping.get("recompute_granularity") != "selective":
+            return
+        why = ("--recompute-activations sets selective recompute"
+               if self.given("--recompute-activations") else "recompute granularity is selective")
+        raise InputError(f"cannot be used here: {why}, and Megatron's validate_args asserts "
+                         "'recompute method is not yet supported for selective recomputing "
+                         "granularity'", file=self.file, line=method.line, key=method.flag)
 
     def check_required(self) -> None:
         for flag in REQUIRED_FLAGS:
@@ -237,6 +288,24 @@ class Translator:
                           f"({external.why}){fix}", word.line, external.display())
 
 
-def translate(argv: Argv, file: str) -> Translation:
-    return Translator(argv, file).run()
+def flag_value(kind: str, texts: list[str]) -> Any:
+    """What argparse stores for a flag of this kind (qaudit/sources/upstream_flags.py), for the
+    shared table's predicates; a value it cannot convert stays text (the predicates then see a
+    value that is "on", so the warning is kept)."""
+    if kind == "T":
+        return True
+    if kind == "F":
+        return False
+    convert = {"i": int, "f": float}.get(kind[-1:], str)
+    try:
+        values = [convert(text) for text in texts]
+    except ValueError:
+        values = list(texts)
+    if kind[:1] in ("+", "*"):
+        return values
+    return values[0] if values else None
+
+
+def translate(argv: Argv, file: str, entry: Entry | None = None) -> Translation:
+    return Translator(argv, file, entry).run()
 
