@@ -206,7 +206,9 @@ def big_scripts() -> dict[str, str]:
                                           "function-fanout", "many-launches")},
         "1mib-literal": "A=" + "x" * (mib - 200) + "\nB=$A\nC=$A\n",
         "1mib-arithmetic": "N=$(( " + "+".join(["1"] * (mib // 2 - 100)) + " ))\n",
-        "1mib-commands": "B=$A\n" * (mib // 5 - 100),
+        # Tiny commands: 18 s and 232 MB, and 20 s and 370 MB, before the word limit.
+        "1mib-commands": "echo hello world\n" * (mib // 17 - 100),
+        "1mib-copies": "A=" + "y" * 1000 + "\n" + "B=$A\n" * (mib // 5 - 300),
         "1mib-words": "ARGS=\"" + " ".join(["--x"] * (mib // 4 - 100)) + "\"\necho $ARGS\n",
     }
 
@@ -485,7 +487,7 @@ def test_a_fifo_with_a_reader_gets_the_report(inputs):
     os.mkfifo(inputs / "fifo")
     received = []
     reader = threading.Thread(target=lambda: received.append(
-        open(inputs / "fifo", "rb").read()))
+        open(inputs / "fifo", "rb").read()), daemon=True)
     reader.start()
     time.sleep(0.2)
     for _ in range(50):  # the reader thread must have opened the FIFO before qaudit writes
@@ -713,11 +715,16 @@ def test_long_runs_are_estimated_and_refused_unless_allowed(tmp_path, monkeypatc
     config = tmp_path / "cfg.yaml"
     config.write_text(DEEPSEEK_ISH)
     start = time.perf_counter()
-    err = one_error_line(cli("check", str(config), "--steps", "100", "--microbatches", "64"),
-                         f"{config}: the audit would run for about", "--allow-long-audit")
+    with h._deadline(120):  # the run it refuses would take hours
+        result = cli("check", str(config), "--steps", "100", "--microbatches", "64")
+    err = one_error_line(result, f"{config}: the audit would run for about", "--allow-long-audit")
     assert " h " in err and time.perf_counter() - start < 60
-    one_error_line(cli("check", str(config), "--steps", "50", "--microbatches", "8",
-                       "--compare-policies"), "x 3 runs")
+    with h._deadline(120):
+        result = cli("check", str(config), "--steps", "50", "--microbatches", "8",
+                     "--compare-policies")
+    from qaudit.megatron.policies import COMPARED_POLICIES
+
+    one_error_line(result, f"x {len(COMPARED_POLICIES)} runs")
     # The flag lets it run (the run itself is replaced: only the refusal is under test).
     monkeypatch.setattr("qaudit.audit.run_training", lambda *a, **k: None)
     code, out, err = cli("check", str(config), "--steps", "100", "--microbatches", "64",
