@@ -12,6 +12,7 @@ from typing import Mapping
 import torch
 
 from qaudit.config import ModelConfig, load_model_config
+from qaudit.cost import check_run_cost
 from qaudit.distributed import World, agreed, all_gather, processes_on_this_machine
 from qaudit.errors import InputError
 from qaudit.megatron.dims import model_dims
@@ -60,6 +61,8 @@ class AuditOptions:
     world: World | None = None
     # --cross-check: also build and run the config with the installed Megatron and compare.
     cross_check: bool = False
+    # --allow-long-audit: run even when the estimate is over qaudit.cost.MAX_SECONDS.
+    allow_long_audit: bool = False
 
 
 @dataclass
@@ -144,6 +147,10 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
         session = Session(runtime, policy, te=te.behaviour)
         model = build_model(config, model_dims(config, options.full_size), session, recipe,
                             seed=options.seed)
+        check_run_cost(model.audited_modules(), steps=options.steps,
+                       microbatches=options.microbatches, file=config.file,
+                       runs=len(COMPARED_POLICIES) if options.compare_policies else 1,
+                       allowed=options.allow_long_audit)
         factories = _import_custom_factories(model, recipe, options) if options.allow_import else {}
         return session, model, factories
 

@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from qaudit.errors import InputError
 from qaudit.jsonfile import read_qaudit_json
+from qaudit.outputs import check_output_path
 from qaudit.report import Finding, Report
 
 BASELINE_SCHEMA = "qaudit-baseline/1"
@@ -83,18 +83,9 @@ def _plain(finding: Finding) -> Finding:
 def load_baseline(path: str) -> Counter:
     """Fingerprint -> how many findings with it the baseline accepts. Bad file: InputError."""
     data = read_qaudit_json(path, kind="baseline", schema=BASELINE_SCHEMA,
-                            max_bytes=_MAX_BASELINE_BYTES,
+                            schema_file="baseline-v1.schema.json", max_bytes=_MAX_BASELINE_BYTES,
                             not_found="baseline file not found (write one with --write-baseline)")
-    entries = data.get("findings")
-    if not isinstance(entries, list):
-        raise InputError("expected a list of findings", file=path, key="findings")
-    counts: Counter = Counter()
-    for entry in entries:
-        if not isinstance(entry, dict) or not isinstance(entry.get("fingerprint"), str):
-            raise InputError("every finding needs a \"fingerprint\" string", file=path,
-                             key="findings")
-        counts[entry["fingerprint"]] += 1
-    return counts
+    return Counter(entry["fingerprint"] for entry in data["findings"])  # shapes checked above
 
 
 def apply_baseline(report: Report, accepted: Counter) -> Report:
@@ -174,9 +165,5 @@ def prepare_baseline(baseline: str | None, write_baseline: str | None) -> Baseli
     """Read `--baseline` and check `--write-baseline`'s folder before the audit runs."""
     accepted = load_baseline(baseline) if baseline else None
     if write_baseline:
-        target = Path(write_baseline)
-        if target.is_dir():
-            raise InputError(f"--write-baseline: {write_baseline} is a directory")
-        if not (target.parent if str(target.parent) else Path(".")).is_dir():
-            raise InputError(f"--write-baseline: directory {str(target.parent)!r} does not exist")
+        check_output_path(write_baseline, "--write-baseline")
     return BaselinePlan(accepted, write_baseline)

@@ -133,11 +133,15 @@ def check(
                                      "config with the installed Megatron (megatron-core or a "
                                      "checkout on PYTHONPATH) and report every module where "
                                      "it differs from qaudit's model (rule QA030)."),
+    allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run even when "
+                                          "the estimated audit time (modules x steps x "
+                                          "microbatches) is over 10 minutes; refused (exit "
+                                          "2) otherwise."),
 ) -> None:
     """Build the model, run a few steps, and report every TE module. Exit 1 on errors.
 
-    Under `torchrun --nproc-per-node P -m qaudit check ...` each process runs one pipeline
-    stage; rank 0 prints the merged report and every rank exits with the same code."""
+    Under `torchrun --nproc-per-node P --no-python qaudit check ...` each process runs one
+    pipeline stage; rank 0 prints the merged report and every rank exits with the same code."""
     from qaudit import distributed
     from qaudit.audit import AuditOptions
 
@@ -152,7 +156,8 @@ def check(
                            runtime=runtime.value, device=device.value if device else None,
                            seed=seed, evaluation=evaluation, verify=verify,
                            compare_policies=compare_policies, allow_import=allow_import,
-                           full_size=full_size, rank=rank, world=world, cross_check=cross_check)
+                           full_size=full_size, rank=rank, world=world, cross_check=cross_check,
+                           allow_long_audit=allow_long_audit)
     # Under torchrun every rank reaches the same outcome and only rank 0 speaks.
     speaks = world is None or world.is_leader
     code = _check(config, recipe, options, set_values, output_format, fail_on, output, expand,
@@ -171,6 +176,7 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
 
     from qaudit.audit import audit_files
     from qaudit.baseline import prepare_baseline
+    from qaudit.outputs import check_clashes
     from qaudit.render import emit, parse_outputs
     from qaudit.sources import parse_assignments
 
@@ -179,10 +185,14 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
             typer.echo(message, err=True)
         return code
 
+    inputs = [("config", config)] + ([("recipe", recipe)] if recipe else []) \
+        + ([("baseline", baseline)] if baseline else [])
     try:
         outputs = parse_outputs(output)
         baselines = prepare_baseline(baseline, write_baseline)
         options = replace(options, variables=parse_assignments(set_values))
+        written = written_files(outputs, write_baseline)
+        check_clashes(written, inputs)
     except InputError as exc:
         return failed(f"error: {exc}", EXIT_USAGE)
     if options.world is not None and options.cross_check:
@@ -201,11 +211,28 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
     code = report.exit_code(fail_on.value)
     if speaks:
         try:
+            # The config's own quant_recipe is known only now.
+            check_clashes(written, inputs + ([("recipe", report.recipe)] if report.recipe else []))
             emit(report, code, output_format.value, outputs, expand=expand,
                  extra_files=baselines.files(report))
         except InputError as exc:
             return failed(f"error: {exc}", EXIT_USAGE)
     return code
+
+
+def written_files(outputs: list[tuple[str, str]], write_baseline: str | None = None
+                  ) -> list[tuple[str, str]]:
+    """Every file a run writes, as (what, path): --output files, --write-baseline, and the
+    GitHub job summary under GitHub Actions."""
+    import os
+
+    written = [(f"--output {fmt}", path) for fmt, path in outputs]
+    if write_baseline:
+        written.append(("--write-baseline", write_baseline))
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary and os.environ.get("GITHUB_ACTIONS") == "true":
+        written.append(("GITHUB_STEP_SUMMARY", summary))
+    return written
 
 
 @app.command("rules")
@@ -262,22 +289,34 @@ def diff(
     expand: bool = typer.Option(False, "--expand", help="One row per module."),
     fail_on: FailOn = typer.Option(FailOn.error, help="Lowest severity of a NEW finding that "
                                    "makes the exit code 1."),
+    allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run even when an "
+                                          "audit's estimated time is over 10 minutes."),
 ) -> None:
     """Audit BASE and HEAD; show only what changes. Exit 1 when HEAD introduces an error."""
     from qaudit.audit import AuditOptions
     from qaudit.diff import diff_reports, emit_diff, load_side
+    from qaudit.outputs import check_clashes
     from qaudit.render import parse_outputs
 
     from qaudit.upstream.target import resolve_megatron
     from qaudit.upstream.te import resolve_te
 
+    inputs = [("base", base), ("head", head)] + [
+        (what, path) for what, path in (("base recipe", recipe_base), ("head recipe", recipe_head))
+        if path]
     try:
         options = AuditOptions(policy=policy.value if policy else None,
                                megatron=resolve_megatron(megatron), te=resolve_te(te), steps=steps,
-                               microbatches=microbatches, runtime=runtime.value, seed=seed)
+                               microbatches=microbatches, runtime=runtime.value, seed=seed,
+                               allow_long_audit=allow_long_audit)
         outputs = parse_outputs(output, tuple(f.value for f in DiffFormat))
+        written = written_files(outputs)
+        check_clashes(written, inputs)
         result = diff_reports(load_side(base, recipe_base, options),
                               load_side(head, recipe_head, options))
+        check_clashes(written, inputs + [(f"{side} recipe", report.recipe) for side, report
+                                         in (("base", result.base), ("head", result.head))
+                                         if report.recipe])
     except InputError as exc:
         _fail(f"error: {exc}", EXIT_USAGE)
     except EnvironmentProblem as exc:

@@ -12,6 +12,7 @@ from qaudit.megatron.hybrid_pattern import MOE, HybridPattern, parse_pattern
 from qaudit.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
 from qaudit.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
 from qaudit.unmodelled import HYBRID_WITHOUT_PATTERN, note_for_setting
+from qaudit.upstream_checks import check_upstream
 from qaudit.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
 
 
@@ -599,6 +600,8 @@ def _validate(config: ModelConfig) -> None:
     hybrid.validate(config, fail)
     t5.validate(config, fail)
     _check_virtual_needs_stages(config, fail)
+    if config.source is not None:
+        check_upstream(config, config.source.mapping, fail)
     _check_build_size(config, fail)
     from qaudit.megatron.pipeline import pipeline_layout
 

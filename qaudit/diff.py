@@ -202,6 +202,13 @@ def render_diff_markdown(diff: ReportDiff, exit_code: int, *, expand: bool = Fal
 
 def render_diff(diff: ReportDiff, exit_code: int, fmt: str, *, width: int = 80,
                 expand: bool = False) -> str:
+    from qaudit.render.defuse import defuse
+
+    return defuse(_render_diff(diff, exit_code, fmt, width=width, expand=expand))
+
+
+def _render_diff(diff: ReportDiff, exit_code: int, fmt: str, *, width: int,
+                 expand: bool) -> str:
     if fmt == "json":
         return json.dumps(diff.to_dict(exit_code), indent=2) + "\n"
     if fmt == "markdown":
@@ -244,6 +251,6 @@ def emit_diff(diff: ReportDiff, exit_code: int, fmt: str, outputs: list[tuple[st
         emission.stderr = "".join(annotation(f) + "\n" for f in diff.new)
         if os.environ.get("GITHUB_STEP_SUMMARY"):
             emission.step_summary = (os.environ["GITHUB_STEP_SUMMARY"],
-                                     render_diff_markdown(diff, exit_code, expand=expand))
+                                     render_diff(diff, exit_code, "markdown", expand=expand))
     deliver(emission)
 

@@ -1,8 +1,8 @@
 """torchrun: one pipeline stage per process.
 
-Under `torchrun --nproc-per-node P -m qaudit check ...` each process builds the model, keeps
-its own pipeline stage and trains it with its neighbours over point-to-point messages (gloo for
-CPU tensors, NCCL for CUDA ones). The ranks then exchange what their probes saw, so that every
+Under `torchrun --nproc-per-node P --no-python qaudit check ...` each process builds the model,
+keeps its own pipeline stage and trains it with its neighbours over point-to-point messages (gloo
+for CPU tensors, NCCL for CUDA ones). The ranks then exchange what their probes saw, so that every
 rank judges the same merged facts and reaches the same exit code; rank 0 prints.
 
 Input errors must also end every rank the same way: a rank that failed alone would leave the

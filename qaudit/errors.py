@@ -17,7 +17,7 @@ class InputError(Exception):
     def __str__(self) -> str:
         where = ""
         if self.file:
-            where = self.file + (f":{self.line}" if self.line else "") + ": "
+            where = _clip(self.file, 300) + (f":{self.line}" if self.line else "") + ": "
         key = f"key '{_clip(self.key, 80)}': " if self.key else ""
         return printable(f"{where}{key}{_clip(self.message, 1000)}")
 

@@ -157,6 +157,7 @@ def test_moe_module_names_and_precision(write_yaml):
     num_moe_experts: 4
     moe_layer_freq: [0, 1, 1]
     moe_shared_expert_intermediate_size: 512
+    add_bias_linear: false
     fp8: e4m3
     fp8_recipe: mxfp8
     """

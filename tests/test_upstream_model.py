@@ -304,7 +304,8 @@ def test_layout_with_uneven_stage_flags_names_the_flag(write):
 # --- the modelopt spec --------------------------------------------------------------------------
 
 MOE_MTP = ("--num-layers 2 --num-experts 4 --moe-layer-freq ([0]*1+[1]*1) --moe-grouped-gemm \\\n"
-           "  --moe-shared-expert-intermediate-size 32 --mtp-num-layers 1 --swiglu")
+           "  --moe-shared-expert-intermediate-size 32 --disable-bias-linear --mtp-num-layers 1 "
+           "--swiglu")
 
 
 def modelopt_conf(write, body: str, name: str = "Some-Model.sh") -> str:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Mapping, TextIO
 
 from qaudit.errors import InputError
+from qaudit.outputs import append_file, check_clashes, check_output_path, write_file
+from qaudit.render.defuse import defuse
 from qaudit.report import Report
 
 STDOUT_FORMATS = ("table", "markdown", "json", "sarif", "github")
@@ -27,6 +27,12 @@ MIN_WIDTH, MAX_WIDTH = 60, 240
 
 def render(report: Report, exit_code: int, fmt: str, *, expand: bool = False,
            color: bool = False, width: int = 80) -> str:
+    text = _render(report, exit_code, fmt, expand=expand, color=color, width=width)
+    return text if fmt == "github" else defuse(text)
+
+
+def _render(report: Report, exit_code: int, fmt: str, *, expand: bool,
+            color: bool, width: int) -> str:
     if fmt == "table":
         from qaudit.render.table import render_table
         return render_table(report, exit_code, width=width, color=color, expand=expand)
@@ -56,20 +62,13 @@ def parse_output(spec: str, formats: tuple[str, ...] = FILE_FORMATS) -> tuple[st
         raise InputError(f"--output {spec!r}: expected FORMAT=PATH, e.g. sarif=qaudit.sarif")
     if fmt not in formats:
         raise InputError(f"--output {spec!r}: unknown format {fmt!r}; one of {', '.join(formats)}")
-    target = Path(path)
-    if target.is_dir():
-        raise InputError(f"--output {spec!r}: {path} is a directory")
-    parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"--output {spec!r}: directory {str(parent)!r} does not exist")
+    check_output_path(path, f"--output {fmt}")
     return fmt, path
 
 
 def parse_outputs(specs: list[str] | None, formats: tuple[str, ...] = FILE_FORMATS) -> list[tuple[str, str]]:
     outputs = [parse_output(spec, formats) for spec in specs or []]
-    paths = [os.path.abspath(p) for _, p in outputs]
-    if len(set(paths)) != len(paths):
-        raise InputError("--output: the same file is named twice")
+    check_clashes([(f"--output {fmt}", path) for fmt, path in outputs], [])
     return outputs
 
 
@@ -91,17 +90,9 @@ def terminal_width(stream: TextIO) -> int:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Write via a temporary file and rename: readers never see half a report."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent or "."))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write via a temporary file and rename: readers never see half a report (see
+    qaudit.outputs: modes, symlinks, FIFOs and devices, signals)."""
+    write_file(path, text)
 
 
 @dataclass
@@ -148,12 +139,11 @@ def deliver(emission: Emission, stdout: TextIO | None = None, stderr: TextIO | N
         try:
             write_atomic(path, text)
         except OSError as exc:
-            raise InputError(f"cannot write {path}: {exc.strerror or exc}") from None
+            raise InputError(f"cannot write: {exc.strerror or exc}", file=path) from None
     if emission.step_summary:
         path, text = emission.step_summary
         try:
-            with open(path, "a", encoding="utf-8") as handle:
-                handle.write(text + "\n")
+            append_file(path, text + "\n")
         except OSError as exc:
             stderr.write(f"warning: cannot append to GITHUB_STEP_SUMMARY {path}: "
                          f"{exc.strerror or exc}\n")

@@ -39,7 +39,8 @@ def is_report_file(path: str) -> bool:
 def load_report(path: str) -> Report:
     """A JSON report written by `qaudit check --format json`; bad file: InputError (exit 2)."""
     data = read_qaudit_json(path, kind="JSON report", schema=SCHEMA,
-                            max_bytes=_MAX_REPORT_BYTES, not_found="file not found")
+                            schema_file="report-v1.schema.json", max_bytes=_MAX_REPORT_BYTES,
+                            not_found="file not found")
     try:
         return report_from_dict(data)
     except (TypeError, AttributeError) as exc:

@@ -19,8 +19,15 @@ _BINARY = [  # lowest precedence first
 MAX_DEPTH = 50
 
 
+MAX_DIGITS = 100  # bash wraps at 64 bits; past this a literal is refused, not converted
+
+
 class ArithUnknown(Exception):
     """The expression uses something not known or not supported; the message says what."""
+
+
+class ArithRefused(Exception):
+    """The expression is refused outright (exit 2): a literal too long to convert."""
 
 
 def _wrap(value: int) -> int:
@@ -113,6 +120,9 @@ class _Parser:
                 raise ArithUnknown("unbalanced parentheses")
             return value
         if token[0].isdigit():
+            if len(token) > MAX_DIGITS:
+                raise ArithRefused(f"an integer literal with {len(token)} digits (more than "
+                                   f"{MAX_DIGITS})")
             if token[:2].lower() == "0x":
                 return _wrap(int(token, 16))
             if len(token) > 1 and token[0] == "0":

@@ -18,6 +18,8 @@ import re
 # Real models have at most a few hundred layers; the cap stops `[0]*10**9`-style inputs from
 # allocating before the layer-count check could reject them.
 MAX_LENGTH = 100_000
+MAX_DEPTH = 50  # parentheses; real patterns nest one or two deep
+MAX_DIGITS = 9  # an entry or a repeat count; MAX_LENGTH bounds them anyway
 _TOKEN = re.compile(r"\s*(?:(\d+)|(.))")
 
 
@@ -54,6 +56,7 @@ class _Parser:
         self.tokens = tokens
         self.text = text
         self.pos = 0
+        self.depth = 0
 
     def fail(self, why: str) -> None:
         raise ValueError(f"{self.text!r} is not a list expression like ([0]*3+[1]*12): {why}")
@@ -74,13 +77,15 @@ class _Parser:
         token = self.take()
         if not token.isdigit():
             self.fail(f"expected an integer, got {token!r}")
+        if len(token) > MAX_DIGITS:
+            self.fail(f"{token[:12]}... has more than {MAX_DIGITS} digits")
         return int(token)
 
     def expr(self) -> list[int]:
         result = self.term()
         while self.peek() == "+":
             self.take("+")
-            result = result + self.term()
+            result.extend(self.term())  # in place: `a + b` per term was quadratic
             self.check_length(len(result))
         return result
 
@@ -98,8 +103,12 @@ class _Parser:
     def factor(self) -> list[int]:
         token = self.take()
         if token == "(":
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                self.fail(f"parentheses nested more than {MAX_DEPTH} deep")
             inner = self.expr()
             self.take(")")
+            self.depth -= 1
             return inner
         if token != "[":
             self.fail(f"expected '[' or '(', got {token!r}")

@@ -14,11 +14,12 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
+from itertools import repeat
 
 from qaudit.config import SourceNote
 from qaudit.errors import InputError
 from qaudit.sources import shell_parser as ast
-from qaudit.sources.arith import ArithUnknown, evaluate
+from qaudit.sources.arith import ArithRefused, ArithUnknown, evaluate
 from qaudit.sources.argv import HOLE
 from qaudit.sources.shell_conditions import TestExpression
 from qaudit.sources.shell_lexer import Arith, CmdSub, Lit, Param, WordTok
@@ -32,6 +33,16 @@ MAX_VALUE = 1_000_000  # characters in one variable
 MAX_ELEMENTS = 10_000  # elements in one array
 MAX_FOR_ITEMS = 1_000
 MAX_CALL_DEPTH = 16
+# The limits above hold one at a time; these two hold for the whole script (README, Security
+# and limits: measured time and memory at these sizes). HELD bounds memory: the characters in
+# all variables at once (array elements included). WORK bounds time: every character copied
+# while expanding, assigning, comparing and merging the outcomes of undecided conditions (and
+# every variable and array element copied with them), summed over the whole run.
+MAX_HELD = 4_000_000
+MAX_WORK = 20_000_000
+ARITH_LOOKUP_COST = 200  # work units per variable read in $(( )), measured against copying
+ARITH_CHAR_COST = 100  # per character of a $(( )) expression: tokenizing and parsing it
+FIELD_COST = 32  # per word an expansion yields: a word costs far more memory than a character
 LAUNCHERS = {"torchrun", "python", "python3", "uv", "srun", "mpirun", "deepspeed", "accelerate",
              "nsys", "numactl", "ft_launcher", "exec", "env", "time", "nohup"}
 _BLANKS = " \t\n"
@@ -60,17 +71,33 @@ class Outcome:
     order: list[str]  # variable names in the order they were first assigned
 
 
+def size_of(value) -> int:
+    """Characters a variable's value holds (an array: its elements' and one per element)."""
+    if isinstance(value, ArrayValue):
+        return len(value.elems) + sum(len(elem.chars) for elem in value.elems)
+    if value is None or value is UNSET:
+        return 0
+    return len(value)
+
+
 class _Fields:
     """Builds the fields (words) of one expanded word, with bash's splitting rules."""
 
-    def __init__(self, split: bool) -> None:
+    def __init__(self, split: bool, expanded) -> None:
         self.split = split
+        self.expanded = expanded  # Interpreter.expanded: the budgets
         self.fields: list[tuple[list[Ch], tuple[External, ...]]] = []
         self.current: list[Ch] = []
         self.condition: tuple[External, ...] = ()
         self.started = False
 
     def add(self, chars: Chars, splittable: bool, condition: tuple[External, ...] = ()) -> None:
+        self.expanded(len(chars))
+        if not (splittable and self.split) and not condition:
+            if chars:  # nothing to split or mark: copy at C speed
+                self.current.extend(chars)
+                self.started = True
+            return
         for ch in chars:
             if splittable and self.split and ch[2] is None and ch[0] in _BLANKS:
                 self.boundary()
@@ -86,6 +113,7 @@ class _Fields:
 
     def boundary(self) -> None:
         if self.started:
+            self.expanded(FIELD_COST)
             self.fields.append((self.current, self.condition))
         self.current, self.condition, self.started = [], (), False
 
@@ -99,15 +127,31 @@ class Interpreter:
         self.file = file
         self.pinned = {name: known(value, 0) for name, value in variables.items()}
         self.env: dict = {}
-        self.order: list[str] = []
+        self.order: dict[str, None] = {}  # an ordered set: names by first assignment
         self.functions: dict[str, list] = {}
         self.positional: list[Chars] | None = None  # None: the script's own (unknown) args
         self.launches: list[Launch] = []
         self.notes: list[SourceNote] = []
+        self.noted: set[tuple[str, int, str]] = set()
         self.steps = 0
+        self.line = 0  # of the command being followed, for the budget errors
+        self.held = 0  # characters in variables: self.env's and those of finished fork paths
+        self.pending = 0  # characters expanded by the current command, not stored yet
+        self.work = 0  # characters copied so far
+        self.dirty: dict[str, None] = {}  # variables assigned since the enclosing fork began
+        self.literals: dict[int, Chars] = {}  # id(Lit) -> its characters, built once
+        self.char_tuples: dict[tuple[str, int], Ch] = {}
         self.call_depth = 0
         self.in_condition = False
         self.saw_arguments = False  # "$@" of the script itself in the current command
+
+    def note(self, message: str, line: int, key: str) -> None:
+        """A note, once (a loop would repeat it at every pass)."""
+        found = SourceNote(message, line, key)
+        if (message, line, key) not in self.noted:
+            self.noted.add((message, line, key))
+            self.hold(len(message) + FIELD_COST)
+            self.notes.append(found)
 
     # --- entry -------------------------------------------------------------------------------
     def run(self, tree: list) -> Outcome:
@@ -117,13 +161,55 @@ class Interpreter:
             pass
         except RecursionError:
             raise InputError("cannot read the script: nested too deeply", file=self.file) from None
-        return Outcome(self.env, self.launches, self.notes, self.order)
+        return Outcome(self.env, self.launches, self.notes, list(self.order))
 
     def step(self, line: int) -> None:
+        self.line = line or self.line
+        self.pending = 0
         self.steps += 1
         if self.steps > MAX_STEPS:
             raise InputError(f"cannot read the script: more than {MAX_STEPS} commands to follow "
                              f"(a loop that does not end?)", file=self.file, line=line)
+
+    def known_char(self, char: str, line: int) -> Ch:
+        """One shared tuple per (character, line): a long literal costs a pointer per
+        character, not a tuple."""
+        key = (char, line)
+        found = self.char_tuples.get(key)
+        if found is None:
+            found = self.char_tuples[key] = (char, line, None)
+        return found
+
+    def spend(self, characters: int) -> None:
+        """Count copied characters against MAX_WORK."""
+        self.work += characters
+        if self.work > MAX_WORK:
+            raise InputError(f"cannot read the script: following it copies more than "
+                             f"{MAX_WORK:,} characters (values copied over and over, e.g. "
+                             f"doubled or copied in a loop); qaudit stops here",
+                             file=self.file, line=self.line)
+
+    def hold(self, delta: int) -> None:
+        """Count characters kept in variables against MAX_HELD."""
+        self.held += delta
+        if self.held + self.pending > MAX_HELD:
+            raise InputError(f"cannot read the script: its variables would hold more than "
+                             f"{MAX_HELD:,} characters at once (values doubled or copied "
+                             f"into many variables); qaudit stops here",
+                             file=self.file, line=self.line)
+
+    def expanded(self, characters: int) -> None:
+        """Characters a command's expansion produced: copied, and held until it ends."""
+        self.spend(characters)
+        self.pending += characters
+        self.hold(0)
+
+    def copy_env(self) -> dict:
+        return self.copy_env_of(self.env)
+
+    def copy_env_of(self, env: dict) -> dict:
+        self.spend(len(env))
+        return dict(env)
 
     # --- statements --------------------------------------------------------------------------
     def block(self, items: list) -> None:
@@ -148,10 +234,10 @@ class Interpreter:
         """Run a pipeline; its status: True/False when known, None when it depends on
         `self.last_externals`. Ordinary commands are assumed to succeed."""
         if len(node.commands) > 1:
-            saved = dict(self.env)
+            saved, held = self.copy_env(), self.held
             for command in node.commands:
                 self.command(command)  # each part runs in a subshell: variables do not leak
-            self.env = saved
+            self.env, self.held = saved, held
             status: bool | None = True
         else:
             status = self.command(node.commands[0])
@@ -177,12 +263,12 @@ class Interpreter:
             self.case(node)
         elif isinstance(node, ast.Group):
             if node.subshell:
-                saved = dict(self.env)
+                saved, held = self.copy_env(), self.held
                 try:
                     self.block(node.body)
                 except ExitPath:
                     pass
-                self.env = saved
+                self.env, self.held = saved, held
             else:
                 self.block(node.body)
         elif isinstance(node, ast.Function):
@@ -268,6 +354,7 @@ class Interpreter:
             for word in node.words:
                 for chars, _ in self.expand(word):
                     items.append(chars)
+            self.spend(len(items))
             if len(items) > MAX_FOR_ITEMS or any(holes(c) for c in items):
                 items = None
         if items is None:
@@ -298,6 +385,9 @@ class Interpreter:
                     self.fork([lambda b=b: self.block(b) for _, b in node.items[i:]],
                               holes(chars), node.line)
                     return
+                # Matching costs up to the subject's length per pattern character;
+                # compiling, the pattern's length (fnmatch caches compiled patterns).
+                self.spend(len(subject) * (1 + len(chars)) + 10 * len(chars))
                 if fnmatch.fnmatchcase(text_of(subject), text_of(chars)):
                     self.block(body)
                     return
@@ -305,42 +395,64 @@ class Interpreter:
     def fork(self, paths: list, externals: tuple[External, ...], line: int,
              complete: bool = False) -> None:
         """Follow each path from the current state and merge the results. Unless `complete`,
-        not taking any path is one more outcome. A path that exits does not count."""
-        start, start_positional = dict(self.env), self.positional
-        results: list[dict] = []
+        not taking any path is one more outcome. A path that exits does not count.
+
+        Only the variables a path assigned (`self.dirty`) are compared, so a fork costs the
+        copy of the variables plus what the paths changed, not a walk over every value; what a
+        finished path keeps counts as held while the next path runs."""
+        start, start_positional, start_held = self.copy_env(), self.positional, self.held
+        outer_dirty = self.dirty
+        results: list[tuple[dict, dict]] = []
+        kept = 0
         for path in paths:
-            self.env, self.positional = dict(start), start_positional
+            self.env, self.positional = self.copy_env_of(start), start_positional
+            self.held, self.dirty = start_held + kept, {}
             try:
                 path()
             except ExitPath:
                 continue
             except (BreakLoop, _Return):
                 pass  # the loop or function ends on this path; keep its variables
-            results.append(self.env)
+            results.append((self.env, self.dirty))
+            kept += sum(size_of(self.env.get(name)) for name in self.dirty)
         if not complete:
-            results.append(start)
+            results.append((start, {}))
         self.positional = start_positional
         if not results:
+            self.dirty = outer_dirty
             raise ExitPath()
-        self.env = self.merge(results, externals, line)
+        names: dict[str, None] = {}
+        for _, dirty in results:
+            names.update(dirty)
+        self.env = self.merge(start, [env for env, _ in results], names, externals, line)
+        self.held = start_held
+        self.hold(sum(size_of(self.env.get(name)) - size_of(start.get(name)) for name in names))
+        self.dirty = outer_dirty
+        self.dirty.update(names)
 
-    def merge(self, envs: list[dict], externals: tuple[External, ...], line: int) -> dict:
+    def merge(self, start: dict, envs: list[dict], names: dict[str, None],
+              externals: tuple[External, ...], line: int) -> dict:
+        """The variables after a fork: `start` with each of `names` (those some path assigned)
+        merged over the outcomes `envs`."""
         if len(envs) == 1:
             return envs[0]
         why = externals or (External("a condition", line, "cannot be decided"),)
-        merged: dict = {}
+        merged = self.copy_env_of(start)
         deciders = tuple(dict.fromkeys(n for e in why for n in (e.deciders or (
             (e.name,) if e.settable() else ()))))
         reads = ", ".join(dict.fromkeys(e.display() for e in why))
-        for name in dict.fromkeys(n for env in envs for n in env):
+        for name in names:
             values = [env.get(name) for env in envs]
+            if all(value is values[0] for value in values):
+                merged[name] = values[0]  # the same object on every path: nothing to compare
+                continue
+            self.spend(sum(size_of(value) for value in values))
             # A variable that differs between outcomes is named itself (`--set NAME=...` pins
             # it), with what decided it.
             differs = External(name, line, f"set depending on line {line}, which reads {reads}",
                                deciders)
             merged[name] = merge_values(values, why, differs)
-            if name not in self.order:
-                self.order.append(name)
+            self.order.setdefault(name)
         return merged
 
     # --- simple commands ---------------------------------------------------------------------
@@ -371,16 +483,17 @@ class Interpreter:
         if name == "unset":
             for word in words[1:]:
                 if not word.text.startswith("-"):
+                    self.hold(-size_of(self.env.get(word.text)))
                     self.env[word.text] = UNSET
+                    self.dirty[word.text] = None
             return True
         if name == "shift" and self.positional is not None:
             self.positional = self.positional[1:]
             return True
         if name in ("source", ".", "eval"):
             shown = " ".join(w.text.replace(HOLE, "?") for w in words[:2])
-            self.notes.append(SourceNote(
-                f"`{shown}` is not followed (qaudit never runs or reads what it names); flags "
-                f"or variables it would set are not seen", node.line, name))
+            self.note(f"`{shown}` is not followed (qaudit never runs or reads what it names); "
+                      f"flags or variables it would set are not seen", node.line, name)
             return True
         if name == "read":
             for word in words[1:]:
@@ -397,9 +510,8 @@ class Interpreter:
                                             "a command's exit status; qaudit never runs it"),)
             return None
         if self.maybe_launch(words, node.line) and self.saw_arguments:
-            self.notes.append(SourceNote(
-                "the launch forwards the script's own arguments (\"$@\"); the audit assumes "
-                "none (give them with --set 1=... 2=...)", node.line, "$@"))
+            self.note("the launch forwards the script's own arguments (\"$@\"); the audit "
+                      "assumes none (give them with --set 1=... 2=...)", node.line, "$@")
         return True
 
     def call(self, name: str, args: list[Word], line: int) -> bool:
@@ -407,8 +519,11 @@ class Interpreter:
             raise InputError(f"cannot read the script: function {name} calls itself too deeply",
                              file=self.file, line=line)
         saved = self.positional
-        self.positional = [chars_of(word, line) for word in args]
+        size = sum(len(word.text) + FIELD_COST for word in args)
+        self.spend(size)
+        self.positional = [self.word_chars(word, line) for word in args]
         self.call_depth += 1
+        self.hold(size)  # the arguments live until the call returns
         try:
             for command in self.functions[name]:
                 self.command(command)
@@ -417,17 +532,27 @@ class Interpreter:
         finally:
             self.call_depth -= 1
             self.positional = saved
+            self.held -= size
         return True
+
+    def word_chars(self, word: Word, line: int) -> Chars:
+        """A word's characters again (a function's argument), sharing the known ones."""
+        if word.unknown:
+            return chars_of(word, line)
+        return tuple(map(self.known_char, word.text, repeat(word.line or line)))
 
     def maybe_launch(self, words: list[Word], line: int) -> bool:
         """A command that runs a Python entry script (`torchrun ... pretrain_gpt.py --flags`)."""
+        launcher = False  # a launcher among the words before (one pass, not one per word)
         for i, word in enumerate(words):
             base = word.text.rsplit("/", 1)[-1]
-            if base.endswith(".py") and (i == 0 or any(
-                    w.text.rsplit("/", 1)[-1] in LAUNCHERS or w.text.startswith("python")
-                    for w in words[:i])):
-                self.launches.append(Launch(line, words[i + 1:], word))
+            if base.endswith(".py") and (i == 0 or launcher):
+                argv = words[i + 1:]
+                # What a launch keeps stays in memory to the end: it counts as held.
+                self.hold(sum(len(w.text) + FIELD_COST for w in argv))
+                self.launches.append(Launch(line, argv, word))
                 return True
+            launcher = launcher or base in LAUNCHERS or word.text.startswith("python")
         return False
 
     # --- assignments -------------------------------------------------------------------------
@@ -440,6 +565,7 @@ class Interpreter:
                 elems.extend(Elem(chars, condition) for chars, condition in self.expand(word))
             old = self.env.get(assign.name)
             if assign.append:
+                self.spend(len(as_array(old)))
                 elems = list(as_array(old)) + elems
             if len(elems) > MAX_ELEMENTS:
                 elems = [Elem(hole(External(assign.name, assign.line,
@@ -453,14 +579,19 @@ class Interpreter:
             self.assign_element(assign, chars, old)
         elif assign.append and isinstance(old, ArrayValue):
             first = old.elems[0].chars if old.elems else ()
+            self.spend(len(first) + len(chars) + len(old.elems))
             self.set(assign.name, ArrayValue((Elem(first + chars),) + old.elems[1:]))
         elif assign.append:
+            self.spend(len(as_scalar(old)) + len(chars))
             self.assign_scalar(assign.name, as_scalar(old) + chars)
         else:
             self.assign_scalar(assign.name, chars)
 
     def name_unsettable(self, name: str, chars: Chars, line: int) -> Chars:
         """`X=$(cmd)`: the hole names X, so that `--set X=...` can supply it."""
+        self.spend(len(chars))
+        if not holes(chars):
+            return chars
         result = []
         for ch in chars:
             if ch[2] is not None and not ch[2].settable():
@@ -476,6 +607,7 @@ class Interpreter:
         except ValueError:
             index = None
         elems = list(as_array(old))
+        self.spend(len(elems) + 1)
         if index is None or index < 0 or index > MAX_FOR_ITEMS:
             self.set(assign.name, ArrayValue((Elem(hole(External(
                 assign.name, assign.line, "has an element at an unknown index"))),)))
@@ -493,20 +625,22 @@ class Interpreter:
         self.set(name, chars)
 
     def set(self, name: str, value) -> None:
+        self.hold(size_of(value) - size_of(self.env.get(name)))
         self.env[name] = value
-        if name not in self.order:
-            self.order.append(name)
+        self.dirty[name] = None
+        self.order.setdefault(name)
 
     # --- expansion ---------------------------------------------------------------------------
     def expand_words(self, words: list[WordTok]) -> list[Word]:
         result = []
         for word in words:
             for chars, condition in self.expand(word):
+                self.spend(len(chars))
                 result.append(to_word(chars, word.line, condition))
         return result
 
     def expand(self, word: WordTok, split: bool = True) -> list[tuple[Chars, tuple]]:
-        fields = _Fields(split)
+        fields = _Fields(split, self.expanded)
         for part in word.parts:
             self.expand_part(part, fields)
         return fields.result()
@@ -518,11 +652,16 @@ class Interpreter:
             if i:
                 out.append((" ", chars[0][1] if chars else word.line, None))
             out.extend(chars)
+        self.spend(len(out))
         return tuple(out)
 
     def expand_part(self, part, fields: _Fields) -> None:
         if isinstance(part, Lit):
-            fields.add(tuple(zip(part.text, part.lines, [None] * len(part.text))), False)
+            chars = self.literals.get(id(part))
+            if chars is None:  # built once: a literal in a loop shares its characters
+                chars = tuple(map(self.known_char, part.text, part.lines))
+                self.literals[id(part)] = chars
+            fields.add(chars, False)
             if part.quoted:
                 fields.mark()
         elif isinstance(part, Param):
@@ -562,7 +701,10 @@ class Interpreter:
         if name in ("@", "*"):
             self.saw_arguments = self.saw_arguments or self.positional is None
             elems = tuple(Elem(c) for c in self.arguments())
-            return ArrayValue(elems) if name == "@" or not part.quoted else join(elems, line)
+            if name == "@" or not part.quoted:
+                return ArrayValue(elems)
+            self.spend(sum(len(e.chars) + 1 for e in elems))
+            return join(elems, line)
         if name == "#" and part.op is None:
             return known(str(len(self.arguments())), line)
         if name in ("?", "$", "!", "-"):
@@ -584,7 +726,10 @@ class Interpreter:
             return ()
         if isinstance(state, ArrayValue):
             if part.index in ("@", "*"):
-                return state if part.index == "@" or not part.quoted else join(state.elems, line)
+                if part.index == "@" or not part.quoted:
+                    return state
+                self.spend(size_of(state))
+                return join(state.elems, line)
             return state.elems[0].chars if state.elems else ()
         return state
 
@@ -646,13 +791,14 @@ class Interpreter:
 
     def expand_arg(self, part: Param) -> Chars:
         out: list[Ch] = []
-        fields = _Fields(split=False)
+        fields = _Fields(False, self.expanded)
         for sub in part.arg:
             self.expand_part(sub, fields)
         for i, (chars, _) in enumerate(fields.result()):
             if i:
                 out.append((" ", part.line, None))
             out.extend(chars)
+        self.spend(len(out))
         return tuple(out)
 
     def expand_text(self, text: str, line: int) -> Chars:
@@ -666,6 +812,7 @@ class Interpreter:
             out.extend(self.param_value(Param(name, line, True)))
             pos = match.end()
         out.extend(known(text[pos:], line))
+        self.spend(len(out))
         if "$(" in text or "`" in text:
             return hole(External(f"$({text.strip()[:30]})", line,
                                  "a command's output; qaudit never runs it"))
@@ -681,6 +828,7 @@ class Interpreter:
         chars = self.expand_text(raw, line)
         if holes(chars):
             return None, holes(chars)
+        self.spend(ARITH_CHAR_COST * len(chars))
         missing: list[External] = []
 
         def variable(name: str) -> str | None:
@@ -692,10 +840,16 @@ class Interpreter:
             if holes(value):
                 missing.extend(holes(value))
                 return None
+            # Each reference parses the value again (`a=b+b; b=c+c; ...` doubles per level):
+            # a parse costs far more than copying a character.
+            self.spend(ARITH_LOOKUP_COST + len(value))
             return text_of(value)
 
         try:
             return evaluate(text_of(chars), variable), ()
+        except ArithRefused as exc:
+            raise InputError(f"cannot read the script: $(( )) holds {exc}", file=self.file,
+                             line=line) from None
         except ArithUnknown as exc:
             return None, tuple(missing) or (External(f"$(({raw.strip()[:30]}))", line,
                                                      f"cannot be evaluated: {exc}"),)
@@ -708,7 +862,15 @@ class Interpreter:
     def test(self, node: ast.Test) -> tuple[bool | None, tuple[External, ...]]:
         items = [item if isinstance(item, str) else (self.expand_joined(item), item)
                  for item in node.items]
+        self.spend_on_test([item[0] for item in items if not isinstance(item, str)])
         return TestExpression(items, node.line, double=True).run()
+
+    def spend_on_test(self, operands: list[Chars]) -> None:
+        """Comparing operands reads them again; glob-matching one against another costs up
+        to the product of their lengths (bounded by all of them times the second longest)."""
+        lengths = sorted(len(chars) for chars in operands)
+        second = lengths[-2] if len(lengths) > 1 else 0
+        self.spend(10 * sum(lengths) + sum(lengths) * second)
 
     def bracket_test(self, words: list[WordTok], line: int, bracket: bool):
         fields: list = []
@@ -719,6 +881,7 @@ class Interpreter:
             if not fields or text_of(fields[-1][0]) != "]":
                 return None, (External("[", line, "is not closed with ]"),)
             fields = fields[:-1]
+        self.spend_on_test([c for c, _ in fields])
         items = [text_of(c) if text_of(c) in ("!", "(", ")", "-a", "-o") and not holes(c)
                  else (c, w) for c, w in fields]
         return TestExpression(items, line, double=False).run()

@@ -9,6 +9,7 @@ and a ParsingError on `$#`, both common in Megatron's launch scripts.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from qaudit.errors import InputError
@@ -16,7 +17,7 @@ from qaudit.errors import InputError
 # --- word parts -------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class Lit:
     """Literal characters; `quoted` ones are never split into several words."""
 
@@ -25,7 +26,7 @@ class Lit:
     quoted: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class Param:
     """`$NAME`, `${NAME}`, `${NAME:-word}`, `${#NAME}`, `${NAME[@]}`, `$1`, `$@`, ..."""
 
@@ -37,7 +38,7 @@ class Param:
     arg: list = field(default_factory=list)  # parts of the word after the operator
 
 
-@dataclass
+@dataclass(slots=True)
 class CmdSub:
     """`$(...)` or a backtick substitution: never run, its value is unknown."""
 
@@ -46,7 +47,7 @@ class CmdSub:
     quoted: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class Arith:
     """`$((...))`: evaluated from known values only (see `arith`)."""
 
@@ -55,7 +56,7 @@ class Arith:
     quoted: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class WordTok:
     parts: list
     line: int
@@ -73,13 +74,13 @@ class WordTok:
         return None
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     kind: str  # '\n', ';', ';;', ';&', ';;&', '&', '&&', '|', '||', '|&', '(', ')', redirs
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class ArrayAssign:
     """`NAME=( words )` or `NAME+=( words )`."""
 
@@ -89,7 +90,7 @@ class ArrayAssign:
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class ArithCmd:
     """`(( expression ))` used as a command."""
 
@@ -100,6 +101,16 @@ class ArithCmd:
 REDIRECTIONS = ("<<<", "<<-", "&>>", "<<", ">>", "<&", ">&", "&>", "<>", ">|", "<", ">")
 _OPERATORS = (";;&", ";;", ";&", "&&", "||", "|&", ";", "&", "|", "(", ")")
 _META = set(" \t\n;&|()<>")
+# Runs of characters with no meaning to the lexer, read in one step (a 1 MiB script must lex in
+# about a second): outside quotes, anything but _META, backslash, quotes, `$` and backtick;
+# inside double quotes, anything but the quote, backslash, `$`, backtick and newline.
+_WORD_RUN = re.compile(r"[^ \t\n;&|()<>\\'\"$`]+")
+_QUOTED_RUN = re.compile(r"[^\"\\$`\n]+")
+_OPERATOR_START = set("<>&|;()")
+# Words and operators in one script. Real launch scripts have a few hundred (the largest of
+# the corpus: 366); each costs a few hundred bytes once parsed, so this bounds the memory of a
+# 1 MiB script made of tiny commands.
+MAX_TOKENS = 100_000  # the parts of a word (literal runs, $expansions, quotes) count too
 _NAME_START = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_")
 _NAME_CHARS = _NAME_START | set("0123456789")
 _SPECIAL_PARAMS = set("@*#?$!-0123456789")
@@ -109,9 +120,10 @@ class _WordParts:
     """The parts of a word being read: finished parts, and the literal run since the last one
     (its characters and the line of each)."""
 
-    def __init__(self, quoted: bool) -> None:
+    def __init__(self, quoted: bool, counted=lambda part: part) -> None:
         self.parts: list = []
         self.quoted = quoted
+        self.counted = counted  # Lexer.counted: every part counts against MAX_TOKENS
         self._chars: list[str] = []
         self._lines: list[int] = []
 
@@ -119,19 +131,25 @@ class _WordParts:
         self._chars.append(c)
         self._lines.append(line)
 
+    def run(self, text: str, line: int) -> None:
+        """Several characters of one line."""
+        self._chars.append(text)
+        self._lines.extend([line] * len(text))
+
     def pending(self) -> str:
         return "".join(self._chars)
 
     def flush(self, keep_empty: bool = False) -> None:
         """End the literal run; `keep_empty`: a word with no parts yet still gets one ("")."""
         if self._chars or (keep_empty and not self.parts):
-            self.parts.append(Lit("".join(self._chars), list(self._lines), self.quoted))
+            self.parts.append(self.counted(Lit("".join(self._chars), list(self._lines),
+                                               self.quoted)))
             self._chars.clear()
             self._lines.clear()
 
     def add(self, *parts) -> None:
         self.flush()
-        self.parts.extend(parts)
+        self.parts.extend(self.counted(part) for part in parts)
 
 
 class Lexer:
@@ -141,6 +159,7 @@ class Lexer:
         self.pos = 0
         self.line = line
         self.heredocs: list[tuple[str, bool]] = []
+        self.count = 0  # tokens so far, array elements included
 
     def fail(self, message: str, line: int | None = None) -> InputError:
         return InputError(f"cannot read the script: {message}", file=self.file,
@@ -171,6 +190,13 @@ class Lexer:
             else:
                 return
 
+    def counted(self, token):
+        self.count += 1
+        if self.count > MAX_TOKENS:
+            raise self.fail(f"more than {MAX_TOKENS:,} words, operators and quoted or expanded "
+                            f"parts (real launch scripts have a few hundred)")
+        return token
+
     # --- tokens ------------------------------------------------------------------------------
     def tokens(self) -> list:
         result: list = []
@@ -182,15 +208,15 @@ class Lexer:
             line = self.line
             if c == "\n":
                 self.advance()
-                result.append(Op("\n", line))
+                result.append(self.counted(Op("\n", line)))
                 self.read_heredoc_bodies()
                 continue
             if c == "(" and self.peek(1) == "(":
-                result.append(self.arith_command())
+                result.append(self.counted(self.arith_command()))
                 continue
             op = self.operator()
             if op is not None:
-                result.append(Op(op, line))
+                result.append(self.counted(Op(op, line)))
                 if op in ("<<", "<<-"):
                     self.heredoc_delimiter(op == "<<-")
                 continue
@@ -198,9 +224,11 @@ class Lexer:
             if not word.parts:
                 continue  # an fd number, dropped
             array = self.array_assignment(word)
-            result.append(array if array is not None else word)
+            result.append(self.counted(array if array is not None else word))
 
     def operator(self) -> str | None:
+        if self.peek() not in _OPERATOR_START:
+            return None
         for op in REDIRECTIONS + _OPERATORS:
             if self.text.startswith(op, self.pos):
                 self.advance(len(op))
@@ -274,16 +302,25 @@ class Lexer:
                 raise self.fail(f"unexpected {c!r} inside the array {name}=( ... )")
             word = self.word()
             if word.parts:
-                elements.append(word)
+                elements.append(self.counted(word))
 
     # --- words -------------------------------------------------------------------------------
     def _take_char(self, word: _WordParts) -> None:
         line = self.line
         word.char(self.advance(), line)
 
+    def _take_run(self, word: _WordParts, pattern: re.Pattern) -> None:
+        """A run of plain characters (never a newline), or one character."""
+        match = pattern.match(self.text, self.pos)
+        if match is None:
+            self._take_char(word)
+            return
+        word.run(match.group(), self.line)
+        self.pos = match.end()
+
     def word(self) -> WordTok:
         line = self.line
-        word = _WordParts(quoted=False)
+        word = _WordParts(quoted=False, counted=self.counted)
         while True:
             c = self.peek()
             if c == "" or c in _META:
@@ -316,7 +353,7 @@ class Lexer:
             elif c == "`":
                 word.add(self.backtick(quoted=False))
             else:
-                self._take_char(word)
+                self._take_run(word, _WORD_RUN)
         word.flush()
         return WordTok(word.parts, line)
 
@@ -329,12 +366,14 @@ class Lexer:
         return self._literal_until(end, quoted=True, skip=1)
 
     def _literal_until(self, end: int, quoted: bool, skip: int) -> Lit:
-        chars, lines = [], []
-        while self.pos < end:
-            lines.append(self.line)
-            chars.append(self.advance())
+        text = self.text[self.pos:end]
+        lines: list[int] = []
+        pieces = text.split("\n")
+        for offset, piece in enumerate(pieces):  # a newline belongs to the line it ends
+            lines.extend([self.line + offset] * (len(piece) + (offset < len(pieces) - 1)))
+        self.advance(end - self.pos)
         self.advance(skip)
-        return Lit("".join(chars), lines, quoted)
+        return Lit(text, lines, quoted)
 
     def ansi_c_quoted(self) -> Lit:
         line = self.line
@@ -360,7 +399,7 @@ class Lexer:
     def double_quoted(self) -> list:
         line = self.line
         self.advance()
-        word = _WordParts(quoted=True)
+        word = _WordParts(quoted=True, counted=self.counted)
         while True:
             c = self.peek()
             if c == "":
@@ -384,7 +423,7 @@ class Lexer:
             elif c == "`":
                 word.add(self.backtick(quoted=True))
             else:
-                self._take_char(word)
+                self._take_run(word, _QUOTED_RUN)
 
     def backtick(self, quoted: bool) -> CmdSub:
         line = self.line
@@ -528,7 +567,7 @@ class Lexer:
 
     def braced_word(self, line: int, quoted: bool) -> list:
         """The word after `${name:-`, up to the matching '}' (quotes and expansions allowed)."""
-        word = _WordParts(quoted)
+        word = _WordParts(quoted, counted=self.counted)
         while True:
             c = self.peek()
             if c == "":

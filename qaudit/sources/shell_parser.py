@@ -17,7 +17,7 @@ _RESERVED_ENDS = {"then", "elif", "else", "fi", "do", "done", "esac", "}"}
 MAX_DEPTH = 200
 
 
-@dataclass
+@dataclass(slots=True)
 class Assign:
     name: str
     line: int
@@ -27,14 +27,14 @@ class Assign:
     array: list[WordTok] | None = None  # NAME=( ... )
 
 
-@dataclass
+@dataclass(slots=True)
 class Simple:
     assigns: list[Assign]
     words: list[WordTok]
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Test:
     """`[[ ... ]]`: words and the operators && || ( ) ! < > between them."""
 
@@ -42,20 +42,20 @@ class Test:
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class ArithTest:
     raw: str
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class If:
     branches: list[tuple[list, list]]  # (condition, body)
     orelse: list | None
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Loop:
     until: bool
     condition: list
@@ -63,7 +63,7 @@ class Loop:
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class For:
     var: str
     words: list[WordTok] | None  # None: "$@"
@@ -71,35 +71,35 @@ class For:
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Case:
     word: WordTok
     items: list[tuple[list[WordTok], list]]
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Group:
     body: list
     subshell: bool
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Function:
     name: str
     body: list
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Pipeline:
     commands: list
     negated: bool
     line: int
 
 
-@dataclass
+@dataclass(slots=True)
 class AndOr:
     first: Pipeline
     rest: list[tuple[str, Pipeline]] = field(default_factory=list)

@@ -14,6 +14,7 @@ from qaudit.config import MODELLED_FIELDS, SourceNote
 from qaudit.errors import InputError
 from qaudit.sources import megatron_flags as flags
 from qaudit.sources.argv import Argv, Occurrence
+from qaudit.sources.checked_flags import apply_checked
 from qaudit.sources.entry import Entry
 from qaudit.sources.hybrid_flags import apply_hybrid
 from qaudit.sources.modelopt_flags import apply_modelopt, known_modelopt_flag, note_modelopt_flags
@@ -98,6 +99,7 @@ class Translator:
                 self.apply_modelled(occurrence, self.modelled[flag])
             self.classify(occurrence)
         self.apply_special()
+        apply_checked(self)
         self.check_required()
         self.note_loose_words()
         return Translation(self.mapping, self.notes, self.flag_of)
