@@ -152,17 +152,18 @@ def test_recipe_binding_and_precision_agree_with_megatron(megatron, monkeypatch,
 
 
 def test_config_megatron_rejects_is_a_finding(megatron, monkeypatch, capsys, write_yaml):
-    path = write_yaml("bias.yaml", """\
+    # A setting qaudit accepts without modelling it, which TransformerConfig refuses.
+    path = write_yaml("pad.yaml", """\
         num_layers: 2
         hidden_size: 64
         num_attention_heads: 4
         num_moe_experts: 4
-        moe_shared_expert_intermediate_size: 64
+        moe_pad_expert_input_to_capacity: true
         """)
     code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
     (difference,) = report["cross_check"]["differences"]
     assert code == 1 and difference["field"] == "build"
-    assert "bias is not supported in the shared experts" in difference["megatron"]
+    assert "moe_expert_capacity_factor must be set" in difference["megatron"]
 
 
 def test_unknown_field_of_the_installed_config_is_a_difference(megatron, monkeypatch, capsys,
