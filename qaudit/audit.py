@@ -390,16 +390,21 @@ def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
 
 
 def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions) -> Report:
-    location = None
+    job = None
     if options.cross_check:
-        from qaudit.crosscheck import require_megatron
+        from qaudit.crosscheck import CrossCheckJob, require_megatron
 
-        location = require_megatron()  # exit 2 before any work when there is none
-    run = run_audit(config, recipe, options)
-    if location is not None:
-        from qaudit.crosscheck import cross_check
-
-        run.facts.cross_check = cross_check(config, recipe, run, options, location)
+        # exit 2 before any work when there is none; the upstream side starts now, beside
+        # the audit's own build and run
+        job = CrossCheckJob(config, recipe, options, require_megatron())
+    try:
+        run = run_audit(config, recipe, options)
+    except BaseException:
+        if job is not None:
+            job.cancel()
+        raise
+    if job is not None:
+        run.facts.cross_check = job.result(run)
     findings = judge(run.facts)
     rows = run.rows
     if options.verify and not options.evaluation:

@@ -131,65 +131,126 @@ def qaudit_facts(run: "AuditRun") -> list[ModuleFacts]:
     return facts
 
 
-def cross_check(config: "ModelConfig", recipe: "QuantRecipe | None", run: "AuditRun",
-                options: "AuditOptions", location: MegatronLocation) -> CrossCheck:
+@dataclass
+class UpstreamSide:
+    """What the user's Megatron built and ran, handed back to the audit."""
+
+    built: Any = None  # upstream_build.UpstreamModel
+    not_covered: list[str] = field(default_factory=list)
+    unknown_fields: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why nothing was built (a variant the builder does not cover)
+
+
+def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: int,
+                  microbatches: int, seed: int, train: bool, allow_import: bool,
+                  real_te: bool, location: MegatronLocation) -> UpstreamSide:
+    """Build (and, with `train`, run) the config with the installed Megatron."""
     import torch
 
-    from qaudit.crosscheck import upstream_build, upstream_config
-    from qaudit.crosscheck.environment import real_te_available, upstream_environment
+    from qaudit.crosscheck import upstream_build
+    from qaudit.crosscheck.environment import upstream_environment
 
-    not_covered: list[str] = []
-    version = location.version or "unknown"
-    unsupported = _not_built_here(config)
-    if unsupported:
-        return CrossCheck(version, str(location.root), 0, [], False, [unsupported])
-    train = not options.evaluation
-    if options.evaluation:
-        not_covered.append("--eval: upstream's model is compared as built, not run")
-    # With a real TE and a GPU, Megatron builds real TE modules. Only the CPU stand-in records
-    # each call, so that build is compared as built (scripts/gpu-check runs it; docs/cross-check.md).
-    real_te = real_te_available() and torch.cuda.is_available()
-    if real_te and train:
-        train = False
-        not_covered.append("real Transformer Engine: compared as built (calls are recorded by "
-                           "the CPU stand-in only)")
+    # As in qaudit's own audit: the shrunk tensors are tiny, extra intra-op threads only spin.
+    torch.set_num_threads(1)
+    side = UpstreamSide()
     try:
         with _quiet_megatron(), upstream_environment(use_real_te=real_te,
-                                                     allow_import=options.allow_import):
-            upstream = _upstream_input(config, recipe, not_covered)
+                                                     allow_import=allow_import):
+            upstream = _upstream_input(config, recipe, side.not_covered)
             variant = getattr(upstream, "config_kwargs", {}).get("experimental_attention_variant")
             if isinstance(upstream, str):  # upstream's own argument checks refused it
-                built = upstream_build.UpstreamModel([], ran=False, rejected=upstream)
+                side.built = upstream_build.UpstreamModel([], ran=False, rejected=upstream)
             elif variant:
-                return CrossCheck(version, str(location.root), 0, [], False, [
-                    f"experimental_attention_variant {variant}: its block spec is not built "
-                    "by the cross-check"])
+                side.skipped = (f"experimental_attention_variant {variant}: its block spec is "
+                                "not built by the cross-check")
+                return side
             else:
-                built = upstream_build.build_and_run(upstream, options.steps,
-                                                     options.microbatches, options.seed,
-                                                     run=train)
+                side.built = upstream_build.build_and_run(upstream, steps, microbatches, seed,
+                                                          run=train)
+            side.unknown_fields = list(getattr(upstream, "unknown_fields", []))
     except (InputError, EnvironmentProblem):
         raise
     except Exception as exc:  # noqa: BLE001 - upstream's code failed: say so, in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise EnvironmentProblem(
             f"--cross-check: Megatron {location.version or ''} at {location.root} could not "
-            f"build and run this config on CPU: {type(exc).__name__}: {first[:300]}") from exc
-    not_covered.extend(built.notes)
-    ours = qaudit_facts(run)
-    if built.rejected is not None:
-        # Nothing to compare module by module: the installed Megatron refuses the config.
-        return CrossCheck(location.version or "unknown", str(location.root), 0,
-                          [Difference("-", "build", "audits it", f"rejects it: {built.rejected}")],
-                          False, not_covered)
-    # Modules qaudit runs inside a CUDA graph: the CPU run has no graphs (docs/cross-check.md).
-    graphed = frozenset(facts.name for facts in ours if facts.tracked == "graph")
-    if graphed and built.ran:
-        not_covered.append(f"CUDA graphs: {len(graphed)} graphed module(s) compared as built "
-                           "(capture needs a GPU)")
-    differences = compare(ours, built.modules, built.ran, graphed)
-    differences.extend(Difference("-", "config field", "accepted", "not a field of the "
-                                  "installed TransformerConfig: " + name)
-                       for name in getattr(upstream, "unknown_fields", []))
-    return CrossCheck(location.version or "unknown", str(location.root), len(ours), differences,
-                      built.ran, not_covered)
+            f"build and run this config on CPU: {type(exc).__name__}: {first[:300]}") from None
+    return side
+
+
+class CrossCheckJob:
+    """The upstream side of a cross-check, started before qaudit's own audit and collected
+    after it. Where the platform forks (Linux), it runs in a forked child: the two builds
+    overlap, the child starts with everything already imported (and any test's patches), and
+    Megatron and the stand-in TE never enter the audit's own process. Elsewhere it runs in
+    this process when collected."""
+
+    def __init__(self, config: "ModelConfig", recipe: "QuantRecipe | None",
+                 options: "AuditOptions", location: MegatronLocation) -> None:
+        import multiprocessing
+
+        import torch
+
+        from qaudit.crosscheck.environment import real_te_available
+
+        self.location = location
+        self.not_covered: list[str] = []
+        self.unsupported = _not_built_here(config)
+        self.pool = self.future = None
+        if self.unsupported:
+            return
+        train = not options.evaluation
+        if options.evaluation:
+            self.not_covered.append("--eval: upstream's model is compared as built, not run")
+        # With a real TE and a GPU, Megatron builds real TE modules. Only the CPU stand-in
+        # records each call, so that build is compared as built (scripts/gpu-check runs it).
+        real_te = real_te_available() and torch.cuda.is_available()
+        if real_te and train:
+            train = False
+            self.not_covered.append("real Transformer Engine: compared as built (calls are "
+                                    "recorded by the CPU stand-in only)")
+        self.arguments = (config, recipe, options.steps, options.microbatches, options.seed,
+                          train, options.allow_import, real_te, location)
+        # CUDA cannot be used in a forked child: a GPU build stays in this process.
+        if "fork" in multiprocessing.get_all_start_methods() and not real_te:
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+            self.future = self.pool.submit(upstream_side, *self.arguments)
+
+    def _side(self) -> UpstreamSide:
+        if self.future is None:
+            return upstream_side(*self.arguments)
+        try:
+            return self.future.result()
+        finally:
+            self.pool.shutdown()
+
+    def result(self, run: "AuditRun") -> CrossCheck:
+        version, where = self.location.version or "unknown", str(self.location.root)
+        if self.unsupported:
+            return CrossCheck(version, where, 0, [], False, [self.unsupported])
+        side = self._side()
+        if side.skipped:
+            return CrossCheck(version, where, 0, [], False, [side.skipped])
+        built = side.built
+        not_covered = self.not_covered + side.not_covered + list(built.notes)
+        if built.rejected is not None:
+            # Nothing to compare module by module: the installed Megatron refuses the config.
+            return CrossCheck(version, where, 0, [Difference(
+                "-", "build", "audits it", f"rejects it: {built.rejected}")], False, not_covered)
+        ours = qaudit_facts(run)
+        # Modules qaudit runs inside a CUDA graph: the CPU run has no graphs (docs/cross-check.md).
+        graphed = frozenset(facts.name for facts in ours if facts.tracked == "graph")
+        if graphed and built.ran:
+            not_covered.append(f"CUDA graphs: {len(graphed)} graphed module(s) compared as built "
+                               "(capture needs a GPU)")
+        differences = compare(ours, built.modules, built.ran, graphed)
+        differences.extend(Difference("-", "config field", "accepted", "not a field of the "
+                                      "installed TransformerConfig: " + name)
+                           for name in side.unknown_fields)
+        return CrossCheck(version, where, len(ours), differences, built.ran, not_covered)
+
+    def cancel(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
