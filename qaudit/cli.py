@@ -13,7 +13,7 @@ from qaudit import __version__
 from qaudit.errors import EnvironmentProblem, InputError
 
 if TYPE_CHECKING:
-    from qaudit.audit import AuditOptions
+    from qaudit.run.audit import AuditOptions
 
 EXIT_USAGE, EXIT_INTERNAL = 2, 3
 
@@ -142,8 +142,8 @@ def check(
 
     Under `torchrun --nproc-per-node P --no-python qaudit check ...` each process runs one
     pipeline stage; rank 0 prints the merged report and every rank exits with the same code."""
-    from qaudit import distributed
-    from qaudit.audit import AuditOptions
+    from qaudit.run import distributed
+    from qaudit.run.audit import AuditOptions
 
     try:
         world = distributed.world_from_environment()
@@ -174,11 +174,11 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
     """`check` once options are known: the exit code, after printing (when `speaks`)."""
     from dataclasses import replace
 
-    from qaudit.audit import audit_files
-    from qaudit.baseline import prepare_baseline
-    from qaudit.outputs import check_clashes
+    from qaudit.run.audit import audit_files
+    from qaudit.judge.baseline import prepare_baseline
+    from qaudit.render.outputs import check_clashes
     from qaudit.render import emit, parse_outputs
-    from qaudit.sources import parse_assignments
+    from qaudit.load.sources import parse_assignments
 
     def failed(message: str, code: int) -> int:
         if speaks:
@@ -240,7 +240,7 @@ def list_rules() -> None:
     """List every rule: ID, severity, title."""
     from tabulate import tabulate
 
-    from qaudit.rules import load_rules
+    from qaudit.judge.rules import load_rules
 
     rows = [(r.id, r.severity, r.title) for r in load_rules().values()]
     typer.echo(tabulate(rows, headers=("rule", "severity", "title"), tablefmt="simple"))
@@ -249,7 +249,7 @@ def list_rules() -> None:
 @app.command()
 def explain(rule_id: str = typer.Argument(..., help="A rule ID, e.g. QA001.")) -> None:
     """Print one rule's documentation page."""
-    from qaudit.rules import load_rules
+    from qaudit.judge.rules import load_rules
 
     rules = load_rules()
     found = rules.get(rule_id.upper())
@@ -293,13 +293,13 @@ def diff(
                                           "audit's estimated time is over 10 minutes."),
 ) -> None:
     """Audit BASE and HEAD; show only what changes. Exit 1 when HEAD introduces an error."""
-    from qaudit.audit import AuditOptions
-    from qaudit.diff import diff_reports, emit_diff, load_side
-    from qaudit.outputs import check_clashes
+    from qaudit.run.audit import AuditOptions
+    from qaudit.judge.diff import diff_reports, emit_diff, load_side
+    from qaudit.render.outputs import check_clashes
     from qaudit.render import parse_outputs
 
-    from qaudit.upstream.target import resolve_megatron
-    from qaudit.upstream.te import resolve_te
+    from qaudit.plan.upstream.target import resolve_megatron
+    from qaudit.plan.upstream.te import resolve_te
 
     inputs = [("base", base), ("head", head)] + [
         (what, path) for what, path in (("base recipe", recipe_base), ("head recipe", recipe_head))
@@ -338,7 +338,7 @@ class EnvFormat(str, Enum):
 def env(output_format: EnvFormat = typer.Option(EnvFormat.table, "--format", "-f",
                                                 help="Output format.")) -> None:
     """Versions (Python, torch, TE, CUDA), the GPU, the recipes it can run, what auto picks."""
-    from qaudit.envreport import collect, render_env_json, render_env_text
+    from qaudit.commands.env import collect, render_env_json, render_env_text
 
     report = collect()
     render = render_env_json if output_format is EnvFormat.json else render_env_text

@@ -217,7 +217,7 @@ def good_report() -> str:
             assert code == 1, out
         _REPORT_CACHE["report"] = out
         data = json.loads(out)
-        from qaudit.baseline import baseline_entries
+        from qaudit.judge.baseline import baseline_entries
         from qaudit.render.load import report_from_dict
 
         findings = report_from_dict(data).findings

@@ -110,7 +110,7 @@ BASE_RECIPES = _base_recipes()
 _RECIPE_TREES = [yaml.safe_load(text) for _, text in BASE_RECIPES]
 
 MAX_LAYERS, MAX_EXPERTS = 4, 8
-# The build-size guard's limits while fuzzing (qaudit.config.MAX_BUILT_*): a mutated count
+# The build-size guard's limits while fuzzing (qaudit.load.config.MAX_BUILT_*): a mutated count
 # within the real limits could take minutes to audit; over these, exit 2 as for a huge model.
 FUZZ_MAX_LAYERS, FUZZ_MAX_EXPERTS = 16, 128
 
@@ -157,7 +157,7 @@ WORDS = ["e4m3", "hybrid", "e5m2", "tensorwise", "delayed", "mxfp8", "blockwise"
 
 
 def _field_names() -> list[str]:
-    from qaudit.config import MODELLED_FIELDS
+    from qaudit.load.config import MODELLED_FIELDS
 
     return sorted(MODELLED_FIELDS)
 

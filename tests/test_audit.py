@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qaudit.audit import AuditOptions, audit_files
+from qaudit.run.audit import AuditOptions, audit_files
 
 SMALL_MTP = """\
 num_layers: 4

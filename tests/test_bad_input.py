@@ -20,7 +20,7 @@ from typing import Callable
 import pytest
 
 from qaudit.errors import InputError
-from qaudit.recipe import QuantRecipe
+from qaudit.load.recipe import QuantRecipe
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = "num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\n"
@@ -38,9 +38,9 @@ matchers:
 # --- helpers --------------------------------------------------------------------------------
 
 def load_inputs(config: str | Path, recipe: str | Path | None = None):
-    # Imported here, not at module level: qaudit.audit imports torch (~3 s), and the background
+    # Imported here, not at module level: qaudit.run.audit imports torch (~3 s), and the background
     # subprocesses should already be starting while that happens.
-    from qaudit.audit import load_inputs as load
+    from qaudit.run.audit import load_inputs as load
 
     return load(str(config), None if recipe is None else str(recipe))
 
@@ -124,13 +124,13 @@ def _cli(cwd: Path, *args: str) -> Job:
 
 # A child that loads one config under hard limits (512 MiB address space, 1 s of CPU), so that an
 # input which makes the loader run away is killed instead of eating the machine. It imports only
-# qaudit.config (no torch), prints the message's length and its start, and exits 2 on InputError.
+# qaudit.load.config (no torch), prints the message's length and its start, and exits 2 on InputError.
 _GUARDED_LOAD = """\
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
 resource.setrlimit(resource.RLIMIT_CPU, (1, 1))
 from pathlib import Path
-from qaudit.config import load_model_config
+from qaudit.load.config import load_model_config
 from qaudit.errors import InputError
 try:
     load_model_config(Path(sys.argv[1]), sys.argv[1])
@@ -231,7 +231,7 @@ def test_binary_nul(tmp_path):
 
 
 def test_oversized_file(tmp_path):
-    from qaudit.yamlio import MAX_FILE_BYTES
+    from qaudit.load.yamlio import MAX_FILE_BYTES
 
     path = tmp_path / "huge.yaml"
     path.write_bytes(b"#" * (MAX_FILE_BYTES + 1))

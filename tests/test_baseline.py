@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_in_process as run_cli_in_process
-from qaudit.baseline import (apply_baseline, apply_comments, baseline_text, finding_key,
+from qaudit.judge.baseline import (apply_baseline, apply_comments, baseline_text, finding_key,
                              fingerprint, load_baseline)
 from qaudit.errors import InputError
 from qaudit.render.load import report_from_dict
-from qaudit.report import Finding
+from qaudit.judge.report import Finding
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -126,7 +126,7 @@ def test_cli_bad_baseline_exits_2_before_auditing(tmp_path, monkeypatch, capsys)
     def never(*args, **kwargs):
         raise AssertionError("audited despite a bad baseline")
 
-    monkeypatch.setattr("qaudit.audit.audit_files", never)
+    monkeypatch.setattr("qaudit.run.audit.audit_files", never)
     monkeypatch.chdir(REPO)
     (tmp_path / "b.json").write_text("[]")
     code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from qaudit.audit import AuditOptions, audit_config, load_inputs
+from qaudit.run.audit import AuditOptions, audit_config, load_inputs
 from qaudit.errors import InputError
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "megatron"

@@ -63,9 +63,9 @@ def test_compare_names_both_sides_of_each_difference():
 
 
 def test_rule_qa030_turns_each_difference_into_an_error(monkeypatch):
-    from qaudit.audit import AuditOptions, load_inputs, run_audit
+    from qaudit.run.audit import AuditOptions, load_inputs, run_audit
     from qaudit.crosscheck import CrossCheck
-    from qaudit.rules import judge
+    from qaudit.judge.rules import judge
 
     config, recipe = load_inputs(str(REPO / "configs" / "gpt-small-bf16.yaml"))
     run = run_audit(config, recipe, AuditOptions())
@@ -120,7 +120,7 @@ def test_policy_mismatch_is_a_difference_per_module(megatron, monkeypatch, capsy
 
 
 def test_a_wrong_module_name_in_qaudits_builder_is_caught(megatron, monkeypatch, capsys):
-    from qaudit.megatron.language_model import LanguageModel
+    from qaudit.model.language_model import LanguageModel
 
     original = LanguageModel.finish_init
 
@@ -170,12 +170,12 @@ def test_unknown_field_of_the_installed_config_is_a_difference(megatron, monkeyp
                                                              write_yaml):
     """A field qaudit accepts (a newer release's, say) that the installed TransformerConfig
     does not have: the user's Megatron would not take the file."""
-    import qaudit.config
+    import qaudit.load.config
 
     path = write_yaml("small.yaml", "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
                                     "a_field_of_a_newer_release: 1\n")
-    monkeypatch.setattr(qaudit.config, "ACCEPTED_FIELDS",
-                        qaudit.config.ACCEPTED_FIELDS | {"a_field_of_a_newer_release"})
+    monkeypatch.setattr(qaudit.load.config, "ACCEPTED_FIELDS",
+                        qaudit.load.config.ACCEPTED_FIELDS | {"a_field_of_a_newer_release"})
     code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
     assert code == 1
     assert report["cross_check"]["differences"] == [Difference(
@@ -234,7 +234,7 @@ def test_a_flag_qaudit_misreads_is_caught(megatron, monkeypatch, capsys, tmp_pat
     on qaudit's side builds sequential experts that Megatron does not build."""
     import importlib
 
-    translation = importlib.import_module("qaudit.sources.translate")
+    translation = importlib.import_module("qaudit.load.sources.translate")
     original = translation.Translator.run
 
     def without_grouped_gemm(self):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from qaudit import cli
-from qaudit.diff import diff_reports, render_diff
+from qaudit.judge.diff import diff_reports, render_diff
 from qaudit.render.load import report_from_dict
 from cli_helpers import run_in_process
 

@@ -8,7 +8,7 @@ import platform
 import pytest
 
 from cli_helpers import run_in_process as run_cli_in_process
-from qaudit.envreport import capability_support, collect, render_env_text
+from qaudit.commands.env import capability_support, collect, render_env_text
 
 
 def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:

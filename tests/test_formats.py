@@ -23,7 +23,7 @@ from qaudit import cli
 from qaudit.render import FILE_FORMATS, deliver, prepare, render
 from qaudit.render.common import collapse_names, group_rows, repo_relative, short_type
 from qaudit.render.load import report_from_dict
-from qaudit.report import Finding, ModuleRow, Report
+from qaudit.judge.report import Finding, ModuleRow, Report
 from cli_helpers import run_in_process
 
 REPO = Path(__file__).resolve().parent.parent
@@ -60,7 +60,7 @@ def fake_audit(monkeypatch):
     def use(example: str) -> None:
         def audit_files(config, recipe=None, options=None, **kwargs):
             return golden_report(example)[0]
-        monkeypatch.setattr("qaudit.audit.audit_files", audit_files)
+        monkeypatch.setattr("qaudit.run.audit.audit_files", audit_files)
     return use
 
 
@@ -176,7 +176,7 @@ def test_sarif_validates_against_the_official_schema(example):
 
 
 def test_sarif_results_point_at_the_yaml_line_with_rule_metadata():
-    from qaudit.rules import load_rules
+    from qaudit.judge.rules import load_rules
 
     sarif = json.loads((GOLDEN / "deepseek-v3-mtp-fp8.sarif").read_text())
     run = sarif["runs"][0]
@@ -417,7 +417,7 @@ def test_bad_output_spec_exits_2_before_auditing(monkeypatch, capsys, spec, mess
     def never(*args, **kwargs):
         raise AssertionError("audited despite a bad --output")
 
-    monkeypatch.setattr("qaudit.audit.audit_files", never)
+    monkeypatch.setattr("qaudit.run.audit.audit_files", never)
     code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
                                     "--output", spec)
     assert (code, out) == (2, "") and message in err and err.count("\n") == 1

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from qaudit.precision import Quant
+from qaudit.plan.precision import Quant
 from qaudit.runtime import te_unavailable_reason
-from qaudit.runtime.parity import audit_side, differences
+from qaudit.commands.parity import audit_side, differences
 
 pytestmark = pytest.mark.gpu
 

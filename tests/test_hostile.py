@@ -39,7 +39,7 @@ FP8 = BASE + "fp8: e4m3\nfp8_recipe: tensorwise\n"
 
 
 def load_inputs(config, recipe=None):
-    from qaudit.audit import load_inputs as load
+    from qaudit.run.audit import load_inputs as load
 
     return load(str(config), None if recipe is None else str(recipe))
 
@@ -62,7 +62,7 @@ def check_one_error_line(result: tuple[int, str, str], prefix: str, *words: str)
 @contextlib.contextmanager
 def small_limits():
     """The build-size guard at the fuzzing limits, so that every mutated model is small."""
-    import qaudit.config as config
+    import qaudit.load.config as config
 
     saved = config.MAX_BUILT_LAYERS, config.MAX_BUILT_EXPERTS
     config.MAX_BUILT_LAYERS, config.MAX_BUILT_EXPERTS = m.FUZZ_MAX_LAYERS, m.FUZZ_MAX_EXPERTS
@@ -171,7 +171,7 @@ def test_fuzz_regressions_are_input_errors(write_yaml, text, line, words):
 
 @pytest.mark.parametrize("depth", [400, 5000, 30000])
 def test_deep_nesting_through_the_cli(tmp_path, depth):
-    # Before the fix the MODEL_ARGS sniffing parse (qaudit.sources) hit RecursionError: exit 3.
+    # Before the fix the MODEL_ARGS sniffing parse (qaudit.load.sources) hit RecursionError: exit 3.
     config = tmp_path / "cfg.yaml"
     config.write_text("num_layers: " + "[" * depth + "]" * depth + "\n")
     check_one_error_line(cli("check", str(config)), str(config), "nested too deeply")
@@ -445,7 +445,7 @@ def test_huge_valid_model_is_refused_before_building(write_yaml, monkeypatch, te
     def must_not_build(*args, **kwargs):
         raise AssertionError("built a model past the limits")
 
-    monkeypatch.setattr("qaudit.audit.build_model", must_not_build)
+    monkeypatch.setattr("qaudit.run.audit.build_model", must_not_build)
     path = write_yaml("cfg.yaml", text)
     start = time.perf_counter()
     code, out, err = cli("check", path)
@@ -486,7 +486,7 @@ def test_internal_error_during_the_run_exits_3(write_yaml, monkeypatch, error):
     def explode(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr("qaudit.audit.run_training", explode)
+    monkeypatch.setattr("qaudit.run.audit.run_training", explode)
     code, out, err = cli("check", write_yaml("cfg.yaml", BASE))
     assert (code, out) == (3, "")
     assert "Traceback" not in err and err.startswith(f"internal error: {type(error).__name__}")

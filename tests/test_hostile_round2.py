@@ -117,7 +117,7 @@ from qaudit.errors import InputError  # noqa: E402
 
 def read_script(text: str, seconds: float = 20.0):
     """The launch-script reader on `text`, failing the test (not hanging) past `seconds`."""
-    from qaudit.sources.launch_script import launch_script_words
+    from qaudit.load.sources.launch_script import launch_script_words
 
     with h._deadline(seconds):
         return launch_script_words(text, "train.sh", {})
@@ -185,7 +185,7 @@ def test_scripts_within_the_budgets_still_read(tmp_path):
 MEASURE = """
 import resource, sys, time
 from qaudit.errors import InputError
-from qaudit.sources.launch_script import launch_script_words
+from qaudit.load.sources.launch_script import launch_script_words
 text = open(sys.argv[1]).read()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 start = time.perf_counter()
@@ -229,7 +229,7 @@ def test_any_script_under_1_mib_reads_in_seconds_and_under_200_mb(tmp_path, name
 def test_lexer_fast_path_gives_the_same_tokens():
     """The run-at-a-time lexer (issue 14) against a character-at-a-time reading of the same
     words: quoted, unquoted, multi-line and escaped literals keep each character's line."""
-    from qaudit.sources.shell_lexer import Lit, tokenize
+    from qaudit.load.sources.shell_lexer import Lit, tokenize
 
     text = "A=abc'd\ne'\"f\ng$X\"h\\\ni 2>&1 x\"\"y\n"
     words = [t for t in tokenize(text, "f") if hasattr(t, "parts")]
@@ -347,7 +347,7 @@ def test_baseline_with_wrong_types_is_exit_2_naming_the_key(tmp_path, entry, key
 
 
 def test_the_checker_knows_every_keyword_of_the_shipped_schemas():
-    from qaudit.schema_check import ANNOTATIONS, SUPPORTED, keywords, load_schema
+    from qaudit.load.schema_check import ANNOTATIONS, SUPPORTED, keywords, load_schema
 
     for name in ("report-v1.schema.json", "baseline-v1.schema.json"):
         assert keywords(load_schema(name)) <= SUPPORTED | ANNOTATIONS | {"properties"}, name
@@ -359,7 +359,7 @@ def test_the_checker_agrees_with_jsonschema_on_corrupted_reports():
 
     import jsonschema
 
-    from qaudit.schema_check import SchemaViolation, check, load_schema
+    from qaudit.load.schema_check import SchemaViolation, check, load_schema
 
     schema = load_schema("report-v1.schema.json")
     r = random.Random(14)
@@ -516,7 +516,7 @@ def test_dev_stdout_gets_the_report_and_stays_a_device(tmp_path):
 
 WRITER = """
 import os, sys, time
-from qaudit import outputs
+from qaudit.render import outputs
 real_replace = os.replace
 def slow_replace(src, dst):
     open(sys.argv[2], "w").write("ready")
@@ -650,7 +650,7 @@ def test_a_value_from_outside_skips_the_check_instead_of_guessing(tmp_path):
 
 
 def test_checked_fields_are_type_checked_in_yaml(write_yaml):
-    from qaudit.audit import load_inputs
+    from qaudit.run.audit import load_inputs
 
     path = write_yaml("cfg.yaml", BASE + "add_bias_linear: 'no'\n")
     with pytest.raises(InputError) as info:
@@ -662,7 +662,7 @@ def test_checked_fields_are_type_checked_in_yaml(write_yaml):
 # --- 8. smaller ones -----------------------------------------------------------------------------
 
 def test_a_100000_term_layer_freq_parses_in_linear_time():
-    from qaudit.sources.listexpr import parse_list_expression
+    from qaudit.load.sources.listexpr import parse_list_expression
 
     start = time.perf_counter()
     assert parse_list_expression("+".join(["[1]"] * 100_000)) == [1] * 100_000
@@ -722,25 +722,25 @@ def test_long_runs_are_estimated_and_refused_unless_allowed(tmp_path, monkeypatc
     with h._deadline(120):
         result = cli("check", str(config), "--steps", "50", "--microbatches", "8",
                      "--compare-policies")
-    from qaudit.megatron.policies import COMPARED_POLICIES
+    from qaudit.plan.policies import COMPARED_POLICIES
 
     one_error_line(result, f"x {len(COMPARED_POLICIES)} runs")
     # The flag lets it run (the run itself is replaced: only the refusal is under test).
-    monkeypatch.setattr("qaudit.audit.run_training", lambda *a, **k: None)
+    monkeypatch.setattr("qaudit.run.audit.run_training", lambda *a, **k: None)
     code, out, err = cli("check", str(config), "--steps", "100", "--microbatches", "64",
                          "--allow-long-audit", "-f", "json")
     assert code in (0, 1) and '"steps": 100' in out, err
 
 
 def test_estimate_is_close_for_the_default_run(repo_configs):
-    from qaudit.audit import AuditOptions, audit_files
-    from qaudit.cost import estimate_seconds
-    from qaudit.megatron.dims import model_dims
-    from qaudit.megatron.gpt import build_model
-    from qaudit.megatron.policies import POLICIES
-    from qaudit.megatron.session import Session
+    from qaudit.run.audit import AuditOptions, audit_files
+    from qaudit.run.cost import estimate_seconds
+    from qaudit.plan.dims import model_dims
+    from qaudit.model.gpt import build_model
+    from qaudit.plan.policies import POLICIES
+    from qaudit.model.session import Session
     from qaudit.runtime import select_runtime
-    from qaudit.audit import load_inputs
+    from qaudit.run.audit import load_inputs
 
     config, recipe = load_inputs(str(repo_configs / "llama-3.1-405b-fp8.yaml"))
     model = build_model(config, model_dims(config, False),

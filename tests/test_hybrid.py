@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from qaudit.audit import AuditOptions, audit_files, load_inputs
+from qaudit.run.audit import AuditOptions, audit_files, load_inputs
 from qaudit.errors import InputError
-from qaudit.megatron.dims import model_dims
-from qaudit.megatron.hybrid_pattern import parse_pattern, pattern_from_ratios
-from qaudit.megatron.pipeline import pipeline_layout
+from qaudit.plan.dims import model_dims
+from qaudit.families.hybrid.pattern import parse_pattern, pattern_from_ratios
+from qaudit.plan.pipeline import pipeline_layout
 from tests.model_args import write_model_args as flags
 
 FAST = AuditOptions(steps=1, microbatches=2)
@@ -268,6 +268,6 @@ def test_is_hybrid_model_without_pattern_is_noted(write_yaml):
 def test_full_size_parameter_count_of_a_nemotron_h_8b_shape(repo_configs):
     from dataclasses import replace
 
-    from qaudit.sizes import model_params
+    from qaudit.plan.sizes import model_params
     config = load_inputs(str(repo_configs / "nemotron-h-8b-fp8.yaml"))[0]
     assert 8.0e9 < model_params(replace(config, vocab_size=131072)) < 8.2e9  # "8B"

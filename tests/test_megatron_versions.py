@@ -12,10 +12,10 @@ import pytest
 from cli_helpers import run_in_process
 from megatron_env import megatron  # noqa: F401 - fixture
 from qaudit.errors import InputError
-from qaudit.megatron.policies import POLICIES
-from qaudit.upstream.detect import locate_megatron, read_behaviour
-from qaudit.upstream.releases import FIELD_SINCE, KNOWN, MAIN, NEWEST_RELEASE, RELEASES, version_key
-from qaudit.upstream.target import resolve_megatron
+from qaudit.plan.policies import POLICIES
+from qaudit.plan.upstream.detect import locate_megatron, read_behaviour
+from qaudit.plan.upstream.releases import FIELD_SINCE, KNOWN, MAIN, NEWEST_RELEASE, RELEASES, version_key
+from qaudit.plan.upstream.target import resolve_megatron
 
 # --- a Megatron source tree, small and written here, in the shapes upstream's code has taken --
 

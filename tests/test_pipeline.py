@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from qaudit.audit import AuditOptions, audit_files
-from qaudit.config import ModelConfig
+from qaudit.run.audit import AuditOptions, audit_files
+from qaudit.load.config import ModelConfig
 from qaudit.errors import InputError
-from qaudit.megatron.pipeline import pipeline_layout
+from qaudit.plan.pipeline import pipeline_layout
 
 HP_LAYER0 = """\
 configs:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from qaudit.config import ModelConfig
-from qaudit.plan import (decoder_layer_ambient, is_first_last_bf16_layer, mtp_ambient,
+from qaudit.load.config import ModelConfig
+from qaudit.plan.execution import (decoder_layer_ambient, is_first_last_bf16_layer, mtp_ambient,
                          output_layer_ambient, resolve_execution)
-from qaudit.precision import Quant
-from qaudit.recipe import TERecipe
+from qaudit.plan.precision import Quant
+from qaudit.load.recipe import TERecipe
 
 FP8 = Quant("fp8", "tensorwise")
 NVFP4 = Quant("fp4", "nvfp4")

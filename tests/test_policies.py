@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qaudit.config import ModelConfig
-from qaudit.megatron.policies import POLICIES, is_first_microbatch_tracked
+from qaudit.load.config import ModelConfig
+from qaudit.plan.policies import POLICIES, is_first_microbatch_tracked
 
 
 def config(**fields) -> ModelConfig:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qaudit.precision import Quant
-from qaudit.recipe import load_recipe
+from qaudit.plan.precision import Quant
+from qaudit.load.recipe import load_recipe
 
 EXAMPLE = """\
 configs:

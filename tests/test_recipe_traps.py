@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_in_process
-from qaudit.audit import AuditOptions, audit_files
+from qaudit.run.audit import AuditOptions, audit_files
 from qaudit.errors import InputError
-from qaudit.recipe import load_recipe
+from qaudit.load.recipe import load_recipe
 
 FAST = AuditOptions(steps=1, microbatches=2)
 CONFIG = """\

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from qaudit.audit import AuditOptions, audit_files
-from qaudit.config import SourceNote
-from qaudit.megatron.policies import POLICIES
-from qaudit.probe import CallRecord
-from qaudit.report import ModuleRow
-from qaudit.rules import AuditFacts, load_rules
+from qaudit.run.audit import AuditOptions, audit_files
+from qaudit.load.config import SourceNote
+from qaudit.plan.policies import POLICIES
+from qaudit.model.probe import CallRecord
+from qaudit.judge.report import ModuleRow
+from qaudit.judge.rules import AuditFacts, load_rules
 
 BASE = "num_layers: 2\nhidden_size: 128\nnum_attention_heads: 4\n"
 MTP = "mtp_num_layers: 2\nmtp_use_repeated_layer: true\n"
@@ -106,7 +106,7 @@ def test_qa004_quantized_untracked(audit):
 
 def _facts(records, calls=2):
     row = ModuleRow("m", "TELinear", "fp8/tensorwise", "-", "yes", "overwrite-first", calls, 0)
-    from qaudit.config import ModelConfig
+    from qaudit.load.config import ModelConfig
 
     config = ModelConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
     return AuditFacts(config, None, POLICIES["config"], [row], {"m": records}, {"m": False},
@@ -185,8 +185,8 @@ def test_qa090_reports_source_notes():
     assert list(check(facts)) == []
     from pathlib import Path
 
-    from qaudit.config import ConfigSource
-    from qaudit.yamlio import YamlMap
+    from qaudit.load.config import ConfigSource
+    from qaudit.load.yamlio import YamlMap
 
     facts.config.source = ConfigSource("run.sh", Path("run.sh"), YamlMap(),
                                        [SourceNote("--cuda-graph-impl is not modelled", 7, "x")])

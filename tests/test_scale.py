@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from qaudit.audit import AuditOptions, audit_files, load_inputs
+from qaudit.run.audit import AuditOptions, audit_files, load_inputs
 from qaudit.errors import InputError
-from qaudit.sizes import model_params
+from qaudit.plan.sizes import model_params
 
 MLA = """\
 num_layers: 2
@@ -53,7 +53,7 @@ def test_llama_405b_parameter_count(repo_configs):
 
 
 def test_full_size_refuses_what_cannot_fit_before_building(repo_configs, monkeypatch):
-    monkeypatch.setattr("qaudit.audit.available_memory_bytes", lambda: 8 * 2**30)
+    monkeypatch.setattr("qaudit.run.audit.available_memory_bytes", lambda: 8 * 2**30)
     with pytest.raises(InputError) as error:
         audit_files(str(repo_configs / "deepseek-v3-mtp-fp8.yaml"), options=AuditOptions(full_size=True))
     message = str(error.value)

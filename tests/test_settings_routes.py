@@ -1,4 +1,4 @@
-"""One table of unmodelled settings, the same answer on every input route (qaudit/unmodelled.py).
+"""One table of unmodelled settings, the same answer on every input route (qaudit/load/unmodelled.py).
 
 A TransformerConfig YAML and a MODEL_ARGS file (which becomes the same flags a launch script
 passes) must warn about the same settings with the same reason, and agree on the TE settings
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from qaudit.audit import load_inputs
-from qaudit.config import ACCEPTED_FIELDS, MODELLED_FIELDS
-from qaudit.sources import megatron_flags as flags
-from qaudit.sources.upstream_flags import UPSTREAM_FLAGS
-from qaudit.unmodelled import UNMODELLED, field_of_dest
+from qaudit.run.audit import load_inputs
+from qaudit.load.config import ACCEPTED_FIELDS, MODELLED_FIELDS
+from qaudit.load.sources import megatron_flags as flags
+from qaudit.load.sources.upstream_flags import UPSTREAM_FLAGS
+from qaudit.load.unmodelled import UNMODELLED, field_of_dest
 
 BASE_FIELDS = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
 BASE_FLAGS = {"--num-layers": 2, "--hidden-size": 64, "--num-attention-heads": 4}
@@ -116,7 +116,7 @@ def test_every_known_field_and_flag_gets_the_same_warning_on_both_routes(tmp_pat
         yaml_config, yaml_refusal = _load_or_refusal(_write_yaml(tmp_path, name, value))
         flag_config, flag_refusal = _load_or_refusal(
             _write_model_args(tmp_path, flag, kind, value))
-        # Upstream's cross-field refusals (qaudit/upstream_checks.py: a parallel size of 2
+        # Upstream's cross-field refusals (qaudit/load/upstream_checks.py: a parallel size of 2
         # without experts, group-limited routing without groups) refuse both routes alike.
         assert yaml_refusal == flag_refusal, (flag, name)
         if yaml_refusal:

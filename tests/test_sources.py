@@ -1,4 +1,4 @@
-"""Launch scripts and MODEL_ARGS files as model configs (qaudit.sources)."""
+"""Launch scripts and MODEL_ARGS files as model configs (qaudit.load.sources)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from qaudit import cli
-from qaudit.audit import AuditOptions, audit_files, load_inputs
+from qaudit.run.audit import AuditOptions, audit_files, load_inputs
 from qaudit.errors import InputError
-from qaudit.sources import megatron_flags
-from qaudit.sources.listexpr import parse_list_expression
-from qaudit.sources.upstream_flags import UPSTREAM_FLAGS
+from qaudit.load.sources import megatron_flags
+from qaudit.load.sources.listexpr import parse_list_expression
+from qaudit.load.sources.upstream_flags import UPSTREAM_FLAGS
 
 FAST = AuditOptions(steps=1, microbatches=1)
 SOURCES = Path(__file__).resolve().parents[1] / "qaudit" / "sources"
@@ -397,8 +397,8 @@ def test_flag_table_matches_the_upstream_parser():
 
 
 def test_every_modelled_field_has_a_flag():
-    """A field qaudit.config starts modelling needs its Megatron flag in megatron_flags."""
-    from qaudit.config import MODELLED_FIELDS
+    """A field qaudit.load.config starts modelling needs its Megatron flag in megatron_flags."""
+    from qaudit.load.config import MODELLED_FIELDS
     mapped = {spec.field for spec in megatron_flags.modelled_flags().values()}
     no_flag = {"disable_parameter_transpose_cache",  # a config field without a CLI flag
                # HybridModel arguments: the ratios have no flag at the parser's commit, the

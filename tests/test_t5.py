@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from qaudit.audit import AuditOptions, audit_files, load_inputs
-from qaudit.sizes import model_params
+from qaudit.run.audit import AuditOptions, audit_files, load_inputs
+from qaudit.plan.sizes import model_params
 from cli_helpers import run_in_process
 from test_hybrid import assert_refused, names, rows
 from model_args import write_model_args as flags
@@ -199,8 +199,8 @@ def test_cli_audits_a_t5_flag_file(write_yaml, capsys, monkeypatch):
 
 
 def test_torchrun_refuses_t5_before_building(write_yaml):
-    from qaudit.audit import check_world_matches_stages
-    from qaudit.distributed import World
+    from qaudit.run.audit import check_world_matches_stages
+    from qaudit.run.distributed import World
     from qaudit.errors import InputError
 
     config = load_inputs(write_yaml("t.yaml", BASE + "encoder_num_layers: 2\nnum_layers: 2\n"))[0]

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import fake_te
-from qaudit.audit import AuditOptions, audit_files
+from qaudit.run.audit import AuditOptions, audit_files
 from qaudit.errors import EnvironmentProblem
-from qaudit.precision import Quant
+from qaudit.plan.precision import Quant
 from qaudit.runtime import reference
 from qaudit.runtime.te import TEApi, TERuntime, _pad_rows
 from qaudit.runtime.wgrad import documented_rule, measure_wgrad_rule, observe_wgrad
@@ -214,10 +214,10 @@ def test_full_audit_through_te_runtime_plumbing_matches_reference(monkeypatch, w
     """Every row and verdict through TERuntime (fake TE, CPU) equals the reference runtime's:
     the probe, the measured rule, the autocast state and the padding are wired correctly."""
     fake_te.install(monkeypatch, "new")
-    import qaudit.audit
+    import qaudit.run.audit
 
-    real_select = qaudit.audit.select_runtime
-    monkeypatch.setattr(qaudit.audit, "select_runtime",
+    real_select = qaudit.run.audit.select_runtime
+    monkeypatch.setattr(qaudit.run.audit, "select_runtime",
                         lambda name, device=None, **kw: TERuntime(TEApi.load(), device="cpu")
                         if name == "te" else real_select(name, device, **kw))
     for config in (str(repo_configs / "gpt-mtp-fp8-mtp-bf16.yaml"), write_yaml("moe.yaml", SMALL_MOE_FP8)):
@@ -270,7 +270,7 @@ def test_cli_device_option_exit_codes(monkeypatch, capsys, repo_configs):
 
 
 def test_parity_differences_follow_the_documented_tolerances():
-    from qaudit.runtime.parity import Side, differences, outcome
+    from qaudit.commands.parity import Side, differences, outcome
 
     def make(name, accumulation="overwrite-first", error=0.3, qa001=True, other_error=1e-7):
         side = Side(name, runtime=name, exit_code=1 if qa001 else 0)
@@ -297,8 +297,7 @@ def test_parity_differences_follow_the_documented_tolerances():
 def test_gpu_check_runs_what_it_can_and_exits_3_without_te(monkeypatch, tmp_path, capsys, repo_configs):
     import json
 
-    from qaudit.runtime import parity
-
+    from qaudit.commands import parity
     monkeypatch.setattr(parity, "environment", lambda: {
         "torch": torch.__version__, "torch_cuda": "13.0", "cuda_available": True, "gpu": "Fake GPU",
         "compute_capability": "9.0", "transformer_engine": None, "te_reason": "TE is not installed"})

@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
-from qaudit.audit import AuditOptions, audit_files
+from qaudit.run.audit import AuditOptions, audit_files
 from qaudit.errors import InputError
-from qaudit.precision import Quant
+from qaudit.plan.precision import Quant
 from qaudit.runtime.reference import GroupedLinear, Linear, autocast, graph_replay
-from qaudit.train import attach_grad_buffers, run_backward_dw
-from qaudit.upstream.te import locate_te, te_behaviour
+from qaudit.run.train import attach_grad_buffers, run_backward_dw
+from qaudit.plan.upstream.te import locate_te, te_behaviour
 
 from cli_helpers import run_in_process
 
@@ -180,8 +180,7 @@ def test_te_version_is_read_from_metadata_without_importing(tmp_path):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: transformer_engine\nVersion: 2.12.0\n")
     assert locate_te([str(tmp_path / "site")]) == (tmp_path / "site", "2.12.0")
-    from qaudit.upstream import te as te_module
-
+    from qaudit.plan.upstream import te as te_module
     found = te_module._installed_or_assumed([str(tmp_path / "empty"), str(tmp_path / "site")])
     assert (found.source, found.version, found.behaviour.graph_warmup_rearms) == \
         ("installed", "2.12.0", True)
@@ -387,13 +386,13 @@ def test_env_shows_megatron_and_te_side_by_side(monkeypatch, capsys):
 def test_auto_runtime_picks_reference_for_a_recipe_with_primary_weights(write_yaml):
     """A recipe's fp8_param is modelled by the reference runtime only: auto picks it, and
     --runtime te is refused before anything runs."""
-    from qaudit.audit import reference_only_settings
-    from qaudit.recipe import load_recipe
+    from qaudit.run.audit import reference_only_settings
+    from qaudit.load.recipe import load_recipe
     from pathlib import Path
 
     path = _recipe_config(write_yaml, primary=True)
     recipe = load_recipe(Path(path).parent / "recipe.yaml")
-    from qaudit.audit import load_inputs
+    from qaudit.run.audit import load_inputs
 
     config, _ = load_inputs(path)
     assert reference_only_settings(config, recipe) == ["quant_recipe"]

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch.distributed
 
-from qaudit import distributed
-from qaudit.distributed import World, agreed, world_from_environment
+from qaudit.run import distributed
+from qaudit.run.distributed import World, agreed, world_from_environment
 from qaudit.errors import EnvironmentProblem, InputError
 from tests.cli_helpers import REPO, run_in_process
 
@@ -168,12 +168,12 @@ def test_a_process_count_that_is_not_the_stage_count_fails_every_rank_with_one_m
 
 def test_full_size_counts_every_process_on_the_machine(write_yaml, monkeypatch):
     """Each torchrun process builds the whole model before keeping its stage."""
-    from qaudit.audit import check_full_size_fits, load_inputs
-    from qaudit.sizes import FULL_SIZE_BYTES_PER_PARAM, model_params
+    from qaudit.run.audit import check_full_size_fits, load_inputs
+    from qaudit.plan.sizes import FULL_SIZE_BYTES_PER_PARAM, model_params
 
     config, _ = load_inputs(write_yaml("pp2.yaml", PIPELINED_MTP))
     one_build = model_params(config) * FULL_SIZE_BYTES_PER_PARAM
-    monkeypatch.setattr("qaudit.audit.available_memory_bytes", lambda: int(one_build * 1.5))
+    monkeypatch.setattr("qaudit.run.audit.available_memory_bytes", lambda: int(one_build * 1.5))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     check_full_size_fits(config, processes_here=distributed.processes_on_this_machine(None))
     with pytest.raises(InputError, match="for 2 processes"):

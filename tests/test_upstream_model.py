@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qaudit.audit import AuditOptions, audit_files, load_inputs
+from qaudit.run.audit import AuditOptions, audit_files, load_inputs
 from qaudit.errors import InputError
 from cli_helpers import run_in_process
 
@@ -451,7 +451,7 @@ def test_what_modelopt_builder_raises_is_refused(write, body, key, message):
     (None, "/x/model_config.yaml", None, False, False),
 ])
 def test_entry_point_of_a_file(script, file, name, gpt, modelopt):
-    from qaudit.sources.entry import Entry
+    from qaudit.load.sources.entry import Entry
     entry = Entry(script, 1 if script else None, file)
     assert (entry.name, entry.builds_gpt, entry.modelopt_location() is not None) == \
         (name, gpt, modelopt)
@@ -478,7 +478,7 @@ PLAIN = "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
 ])
 def test_new_fields_exit_2_on_a_megatron_that_lacks_them(write, monkeypatch, capsys, text, key,
                                                          since, megatron):
-    # qaudit/upstream/releases.py FIELD_SINCE, read from the release wheels.
+    # qaudit/plan/upstream/releases.py FIELD_SINCE, read from the release wheels.
     path = write("a.yaml", text)
     code, _, err = run_in_process(monkeypatch, capsys, "check", path, "--megatron", megatron,
                                   "--steps", "1", cwd=None)

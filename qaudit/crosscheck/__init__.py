@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 from qaudit.crosscheck.compare import Difference, compare
 from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
 from qaudit.errors import EnvironmentProblem, InputError
-from qaudit.upstream.detect import MegatronLocation, locate_megatron
+from qaudit.plan.upstream.detect import MegatronLocation, locate_megatron
 
 if TYPE_CHECKING:
-    from qaudit.audit import AuditOptions, AuditRun
-    from qaudit.config import ModelConfig
-    from qaudit.recipe import QuantRecipe
+    from qaudit.run.audit import AuditOptions, AuditRun
+    from qaudit.load.config import ModelConfig
+    from qaudit.load.recipe import QuantRecipe
 
 
 @dataclass

@@ -25,8 +25,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from qaudit.precision import Quant
-from qaudit.probe import Recorder
+from qaudit.plan.precision import Quant
+from qaudit.model.probe import Recorder
 from qaudit.runtime import reference
 
 # The TE release the stand-in claims to be: new enough for every recipe Megatron can select

@@ -6,7 +6,7 @@ the TE layer specs and decoder block spec (`gpt_layer_specs.py`), the MTP block 
 `GPTModel` (whose construction walk calls each module's `finish_init` with the recipe config
 `get_quant_config_or_none` picks), `set_is_first_microbatch`, forward and backward. qaudit
 adds only what a training loop adds around them: a DDP-like `main_grad` buffer, the re-arming
-call at each step's first microbatch, the optimizer step (qaudit/train.py's, the same as for
+call at each step's first microbatch, the optimizer step (qaudit/run/train.py's, the same as for
 qaudit's own model).
 """
 
@@ -26,9 +26,9 @@ from qaudit.crosscheck import standin_te
 from qaudit.crosscheck.environment import fused_wgrad_calls
 from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
 from qaudit.crosscheck.upstream_config import UpstreamInput
-from qaudit.probe import CallRecord
-from qaudit.report import accumulation_of, calls_per_microbatch, precision_of
-from qaudit.train import (LEARNING_RATE, attach_grad_buffers, step_gradient,
+from qaudit.model.probe import CallRecord
+from qaudit.judge.report import accumulation_of, calls_per_microbatch, precision_of
+from qaudit.run.train import (LEARNING_RATE, attach_grad_buffers, step_gradient,
                           zero_grad_buffer)
 
 # Megatron's own (non-TE) linear classes: rows too (the usual output layer is one; every

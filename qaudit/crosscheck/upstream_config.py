@@ -20,9 +20,9 @@ from typing import Any, Iterator
 
 import torch
 
-from qaudit.config import ModelConfig
-from qaudit.megatron.dims import model_dims
-from qaudit.yamlio import YamlList, YamlMap
+from qaudit.load.config import ModelConfig
+from qaudit.plan.dims import model_dims
+from qaudit.load.yamlio import YamlList, YamlMap
 
 # GPTModel constructor arguments a YAML file may carry (Megatron-Bridge provider fields).
 GPT_MODEL_ARGS = ("share_embeddings_and_output_weights", "position_embedding_type",
@@ -57,7 +57,7 @@ class UpstreamInput:
     # A MODEL_ARGS file's ENV_VARS: the runner's environment during the build and run.
     environment: dict[str, str] = field(default_factory=dict)
     # Megatron-FSDP with optim_grads sharding sets overwrite_main_grad on every parameter;
-    # the cross-check's DDP stand-in does the same (qaudit/train.py's buffers).
+    # the cross-check's DDP stand-in does the same (qaudit/run/train.py's buffers).
     overwrite_main_grad: bool = False
 
 
@@ -147,7 +147,7 @@ def argv_strings(words: list[Any]) -> tuple[list[str], bool]:
     an undecided condition were left out. A flag whose value the script only knows at run time
     is left out with its value (upstream's default stands in): qaudit has already refused the
     input if the audit needed that flag."""
-    from qaudit.sources.argv import HOLE, split_argv
+    from qaudit.load.sources.argv import HOLE, split_argv
 
     argv = split_argv([word for word in words if not getattr(word, "condition", ())])
     strings = []

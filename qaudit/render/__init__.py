@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, TextIO
 
 from qaudit.errors import InputError
-from qaudit.outputs import append_file, check_clashes, check_output_path, write_file
+from qaudit.render.outputs import append_file, check_clashes, check_output_path, write_file
 from qaudit.render.defuse import defuse
-from qaudit.report import Report
+from qaudit.judge.report import Report
 
 STDOUT_FORMATS = ("table", "markdown", "json", "sarif", "github")
 FILE_FORMATS = STDOUT_FORMATS + ("svg",)
@@ -91,7 +91,7 @@ def terminal_width(stream: TextIO) -> int:
 
 def write_atomic(path: str, text: str) -> None:
     """Write via a temporary file and rename: readers never see half a report (see
-    qaudit.outputs: modes, symlinks, FIFOs and devices, signals)."""
+    qaudit.render.outputs: modes, symlinks, FIFOs and devices, signals)."""
     write_file(path, text)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from qaudit.errors import printable
-from qaudit.report import SEVERITIES, Finding, ModuleRow, Report
+from qaudit.judge.report import SEVERITIES, Finding, ModuleRow, Report
 
 # `decoder.layers.12.mlp.linear_fc1` -> prefix `decoder.layers`, index 12, rest `mlp.linear_fc1`.
 _LAYER = re.compile(r"^(?P<prefix>(?:.*\.)?layers)\.(?P<idx>\d+)\.(?P<rest>.+)$")

@@ -5,7 +5,7 @@ lines of a pull request. Paths are repository-relative."""
 from __future__ import annotations
 
 from qaudit.render.common import finding_text, repo_relative, summary_line
-from qaudit.report import Finding, Report
+from qaudit.judge.report import Finding, Report
 
 COMMANDS = {"error": "error", "warning": "warning", "info": "notice"}
 

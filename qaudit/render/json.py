@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-from qaudit.report import Report
+from qaudit.judge.report import Report
 
 SCHEMA_RESOURCE = "schemas/report-v1.schema.json"
 

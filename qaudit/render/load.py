@@ -8,8 +8,8 @@ from dataclasses import fields
 from typing import Any
 
 from qaudit.errors import InputError
-from qaudit.jsonfile import read_qaudit_json
-from qaudit.report import SCHEMA, Finding, ModuleRow, Report
+from qaudit.load.jsonfile import read_qaudit_json
+from qaudit.judge.report import SCHEMA, Finding, ModuleRow, Report
 
 _MAX_REPORT_BYTES = 64 * 1024 * 1024
 
@@ -20,7 +20,7 @@ def _known(cls, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def report_from_dict(data: dict[str, Any]) -> Report:
-    from qaudit.baseline import SuppressedFinding
+    from qaudit.judge.baseline import SuppressedFinding
 
     report = Report(**_known(Report, {k: v for k, v in data.items()
                                       if k not in ("modules", "findings", "suppressed")}))

@@ -11,8 +11,8 @@ from qaudit.render.common import (calls_text, collapse_names, cross_check_line, 
                                   group_findings, group_rows, location, megatron_text,
                                   policy_text, severity_counts, short_type, summary_counts,
                                   suppressed_findings, te_text)
-from qaudit.report import Report
-from qaudit.upstream.releases import policy_versions
+from qaudit.judge.report import Report
+from qaudit.plan.upstream.releases import policy_versions
 
 FOLD_ROWS = 15  # more table rows than this go into a <details> block
 

@@ -13,14 +13,14 @@ from typing import Any
 
 from qaudit import __version__
 from qaudit.render.common import finding_text, repo_relative
-from qaudit.report import Finding, Report
+from qaudit.judge.report import Finding, Report
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 LEVELS = {"error": "error", "warning": "warning", "info": "note"}
 
 
 def _rules() -> dict[str, Any]:
-    from qaudit.rules import load_rules
+    from qaudit.judge.rules import load_rules
 
     return load_rules()
 
@@ -55,7 +55,7 @@ def _location(finding: Finding, report: Report) -> dict[str, Any]:
 
 
 def _result(finding: Finding, report: Report, index: dict[str, int]) -> dict[str, Any]:
-    from qaudit.baseline import fingerprint
+    from qaudit.judge.baseline import fingerprint
 
     text = finding_text(finding, "Fix", "Evidence")
     result: dict[str, Any] = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape as _xml
 
 from qaudit.render.common import layer_parts
-from qaudit.report import ModuleRow, Report
+from qaudit.judge.report import ModuleRow, Report
 
 # Known module kinds, in column order: (name suffix, column label).
 KINDS = (

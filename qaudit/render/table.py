@@ -15,8 +15,8 @@ from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_n
                                   format_error, group_findings, group_rows, location,
                                   megatron_text, policy_text, te_text, short_type, summary_line,
                                   suppressed_findings)
-from qaudit.report import Report
-from qaudit.upstream.releases import policy_versions
+from qaudit.judge.report import Report
+from qaudit.plan.upstream.releases import policy_versions
 
 DEFAULT_WIDTH = 80
 GAP = "  "

@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from qaudit.precision import Quant
+from qaudit.plan.precision import Quant
 from qaudit.runtime.fakequant import fake_quantize
 
 WgradListener = Callable[[str], None]
@@ -228,7 +228,7 @@ class _ReferenceModule(torch.nn.Module):
     def __init__(self, fuse_wgrad_accumulation: bool, reads_overwrite_main_grad: bool = True) -> None:
         super().__init__()
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
-        # TE before v2.9 has no overwrite_main_grad (qaudit/upstream/te.py).
+        # TE before v2.9 has no overwrite_main_grad (qaudit/plan/upstream/te.py).
         self.reads_overwrite_main_grad = reads_overwrite_main_grad
         # The parameter is stored quantized (fp8_param / quantized_model_init): no workspace.
         self.primary_quantized_weight = False
@@ -387,7 +387,7 @@ class ReferenceRuntime:
     """The runtime seam (design.md): module factories plus the autocast state.
 
     `reads_overwrite_main_grad`: whether the TE version audited for has `overwrite_main_grad`
-    (v2.9+, qaudit/upstream/te.py)."""
+    (v2.9+, qaudit/plan/upstream/te.py)."""
 
     name = "reference"
     # CUDA-graph replays with TE's skip flag can be emulated (graph_replay).

@@ -1,0 +1,1 @@
+"""Hybrid (Mamba) models."""

@@ -1,0 +1,1 @@
+"""Encoder-decoder (T5) models."""

@@ -1,0 +1,44 @@
+"""Encoder-decoder (T5) model fields, checked as `pretrain_t5.py` and `T5Model` do.
+
+`encoder_num_layers` marks a T5 model: T5Model gets a deep copy of the config whose
+`num_layers` is the encoder's count (`encoder_config`) and keeps `num_layers` for the decoder.
+`validate` rejects at the offending key what upstream rejects (pipelining, grouped-query
+cross-attention) and what T5's spec never builds (MoE, MTP, MLA, hybrid layers). The
+command-line rules (`--encoder-num-layers` vs `--num-layers`, `--decoder-num-layers`) live in
+`qaudit.families.t5.flags`. Facts and upstream paths: docs/t5.md.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from qaudit.load.config import ModelConfig
+
+# Fields whose feature T5's fixed TE spec (megatron/core/models/T5/t5_spec.py) cannot build.
+_NOT_IN_T5_SPEC = (
+    ("num_moe_experts", "the T5 spec builds dense MLPs only (no MoE layers)"),
+    ("mtp_num_layers", "T5Model builds no multi-token prediction layers"),
+    ("multi_latent_attention", "the T5 spec builds standard attention only (no MLA)"),
+    ("hybrid_layer_pattern", "the T5 spec builds transformer layers only (no hybrid pattern)"),
+    ("hybrid_override_pattern", "the T5 spec builds transformer layers only (no hybrid pattern)"),
+)
+
+
+def resolve(config: ModelConfig, given: set[str]) -> None:
+    if config.is_t5 and "share_embeddings_and_output_weights" not in given:
+        config.share_embeddings_and_output_weights = False  # T5Model's default, unlike GPT's
+
+
+def validate(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    if not config.is_t5:
+        return
+    if config.pipeline_model_parallel_size > 1:
+        fail("pipeline_model_parallel_size", "encoder-decoder (T5) models cannot be pipelined: "
+             "Megatron's pretrain_t5.py raises 'Pipeline parallelism is not supported for T5.'")
+    for field, why in _NOT_IN_T5_SPEC:
+        if getattr(config, field):
+            fail(field, f"cannot be used with encoder_num_layers (a T5 model): {why}")
+    if config.num_query_groups != config.num_attention_heads:
+        fail("num_query_groups", f"T5's cross-attention needs as many query groups as attention "
+             f"heads ({config.num_attention_heads}); upstream's CrossAttention asserts it")

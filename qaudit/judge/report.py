@@ -1,0 +1,160 @@
+"""The report: one row per audited module plus findings; renderers only format it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from qaudit.errors import printable
+from qaudit.plan.precision import precision_label
+from qaudit.model.probe import CallRecord
+from qaudit.plan.upstream.releases import policy_versions
+
+SCHEMA = "qaudit/1"
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass
+class Finding:
+    rule: str
+    severity: str
+    module: str | None
+    message: str
+    file: str | None
+    line: int | None
+    fix: str = ""
+    # "confirmed" / "not reproduced" once --verify measured it; None without --verify.
+    evidence: str | None = None
+
+    def __post_init__(self) -> None:
+        # Messages quote names from the input (matchers, configs, keys): no renderer may hand
+        # an escape sequence or a carriage return to a terminal. Newlines stay: each renderer
+        # wraps or encodes them (GitHub annotations as %0A).
+        self.message = printable(self.message, keep_newlines=True)
+        self.fix = printable(self.fix, keep_newlines=True)
+
+
+@dataclass
+class ModuleRow:
+    name: str
+    type: str
+    precision: str
+    recipe: str
+    tracked: str
+    accumulation: str
+    calls_per_microbatch: int
+    nograd_calls_per_microbatch: int
+    verdict: str = "ok"
+    # Relative error of main_grad against an unfused float64 reference (--verify only).
+    grad_rel_error: float | None = None
+    stage: int = 0  # pipeline stage and virtual model chunk holding the module
+    chunk: int = 0
+
+    def __post_init__(self) -> None:
+        self.recipe = printable(self.recipe)  # a config name from the recipe file
+
+
+@dataclass
+class Report:
+    runtime: str
+    policy: str
+    config: str
+    recipe: str | None
+    steps: int
+    microbatches: int
+    modules: list[ModuleRow] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    # Per module group, the verdict under each tracking policy (--compare-policies only).
+    policies: dict[str, dict[str, str]] | None = None
+    # Remedies re-audited by --suggest: remedy, passes, cost, yaml, remaining_errors.
+    suggestions: list[dict[str, Any]] | None = None
+    # Findings hidden by --baseline or a `qaudit: ignore` comment (qaudit/judge/baseline.py); each
+    # also has `suppression`: "baseline" or "comment". Not counted in summary or exit code.
+    suppressed: list[Finding] | None = None
+    # The Megatron the verdict is for (qaudit/plan/upstream/target.py MegatronTarget.to_dict()):
+    # source, version, policy (its behaviour; `policy` above is the one audited), label,
+    # location, note. None in reports written before qaudit knew Megatron versions.
+    megatron: dict[str, Any] | None = None
+    # The Transformer Engine behaviour audited for (qaudit/plan/upstream/te.py TETarget.to_dict()):
+    # source, version, label, overwrite_main_grad, location, note. None in older reports.
+    te: dict[str, Any] | None = None
+    # --cross-check: the comparison with the installed Megatron (qaudit.crosscheck.CrossCheck
+    # .to_dict(): megatron, modules_compared, differences, ...).
+    cross_check: dict[str, Any] | None = None
+
+    def counts(self) -> Counter:
+        return Counter(f.severity for f in self.findings)
+
+    def exit_code(self, fail_on: str = "error") -> int:
+        """1 when a finding is at or above `fail_on` (error > warning > info), else 0."""
+        threshold = SEVERITIES.index(fail_on)
+        return int(any(SEVERITIES.index(f.severity) <= threshold for f in self.findings))
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = self.counts()
+        return {
+            "schema": SCHEMA,
+            "runtime": self.runtime,
+            "policy": self.policy,
+            **({"megatron": self.megatron} if self.megatron is not None else {}),
+            **({"te": self.te} if self.te is not None else {}),
+            "config": self.config,
+            "recipe": self.recipe,
+            "steps": self.steps,
+            "microbatches": self.microbatches,
+            "modules": [asdict(row) for row in self.modules],
+            "findings": [asdict(f) for f in self.findings],
+            "summary": {severity: counts.get(severity, 0) for severity in SEVERITIES},
+            **({"policies": self.policies,
+                "policy_versions": {name: policy_versions(name) for name in _policy_names(self.policies)}}
+               if self.policies is not None else {}),
+            **({"suggestions": self.suggestions} if self.suggestions is not None else {}),
+            **({"suppressed": [asdict(f) for f in self.suppressed]}
+               if self.suppressed is not None else {}),
+            **({"cross_check": self.cross_check} if self.cross_check is not None else {}),
+        }
+
+
+def _policy_names(policies: dict[str, dict[str, str]]) -> list[str]:
+    names: list[str] = []
+    for verdicts in policies.values():
+        names.extend(name for name in verdicts if name not in names)
+    return names
+
+
+def calls_per_microbatch(records: list[CallRecord], grad: bool) -> int:
+    per_mb = Counter((r.step, r.microbatch) for r in records if r.grad == grad)
+    return max(per_mb.values(), default=0)
+
+
+def precision_of(records: list[CallRecord]) -> str:
+    grad_records = [r for r in records if r.grad] or records
+    labels = sorted({precision_label(r.quant) for r in grad_records})
+    return "+".join(labels) if labels else "-"
+
+
+def tracked_of(records: list[CallRecord], is_te: bool, rearmed: bool) -> str:
+    """yes: re-armed each step; stale: only true after construction; no: always None;
+    graph: inside a per-layer CUDA graph (qaudit/plan/graphs.py)."""
+    if not is_te:
+        return "-"
+    if any(r.graph for r in records):
+        return "graph"  # replayed from a CUDA graph: the capture fixed what TE sees
+    if all(r.flag is None for r in records):
+        return "no"
+    return "yes" if rearmed else "stale"
+
+
+def accumulation_of(records: list[CallRecord]) -> str:
+    decisions = [r.decision for r in records if r.grad and r.decision]
+    if not decisions:
+        return "-"
+    if all(d == "autograd" for d in decisions):
+        return "autograd"
+    # Overwrites that the flag does not explain come from overwrite_main_grad.
+    if any(r.decision == "overwrite" and r.flag is not True for r in records if r.grad):
+        return "overwrite-always"
+    if any(r.decision == "overwrite" and r.microbatch == 0 for r in records):
+        return "overwrite-first"
+    return "accumulate"

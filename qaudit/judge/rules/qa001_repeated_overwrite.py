@@ -1,0 +1,104 @@
+"""QA001: a module called several times per microbatch overwrites its own gradients."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from qaudit.load.config import ModelConfig
+from qaudit.model.probe import CallRecord
+from qaudit.judge.report import Finding
+from qaudit.judge.rules import AuditFacts, rule
+
+
+def _ordinal(n: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
+
+
+def _cause(config: ModelConfig, module: str) -> tuple[str, int | None]:
+    """The config key that makes this module run more than once, and its line."""
+    if module.startswith("mtp.") and config.mtp_use_repeated_layer:
+        keys = ("mtp_use_repeated_layer", "mtp_num_layers")
+    elif module == "output_layer":
+        keys = ("fp8_output_proj", "mtp_num_layers")
+    else:
+        keys = ("mtp_num_layers", "gradient_accumulation_fusion")
+    for key in keys:
+        line = config.line_of(key)
+        if line is not None:
+            return key, line
+    return keys[0], None
+
+
+def _fix(config: ModelConfig, module: str, policy: str, stale: bool, always: bool,
+         high_precision: bool) -> str:
+    if always:
+        return ("a module run several times per microbatch cannot use overwrite_main_grad: "
+                "keep its weight out of Megatron-FSDP's optim_grads sharding or untie the repeat")
+    if stale:
+        return ("use Megatron-LM main with PR #6965 (--megatron main: BF16 configs pass None "
+                "and accumulate), or set gradient_accumulation_fusion: false")
+    options = []
+    if module.startswith("mtp.") and config.mtp_use_repeated_layer:
+        options.append("mtp_use_repeated_layer: false (one MTP layer per depth)")
+    if module == "output_layer":
+        options.append("fp8_output_proj: false (Megatron's own output layer always accumulates)")
+    if high_precision and policy != "module":
+        options.append("PR #7353 (--policy module): this module runs high precision, so it "
+                       "would get None and accumulate")
+    options.append("disable_parameter_transpose_cache: true (always None: no weight cache, "
+                   "always accumulate)")
+    options.append("gradient_accumulation_fusion: false")
+    return "set " + "; or ".join(options)
+
+
+def _when(lossy: list[CallRecord], steps: int) -> str:
+    lossy_steps = sorted({r.step for r in lossy})
+    microbatches = sorted({r.microbatch for r in lossy})
+    mbs = ", ".join(str(m) for m in microbatches)
+    if lossy_steps == [0] and steps > 1:
+        return (f"on microbatch {mbs} of the first step only: the flag is never re-armed in this "
+                "config, so the loss repeats on the first step after every start or resume")
+    if len(lossy_steps) == steps:
+        return f"on microbatch {mbs} of every step"
+    return f"on microbatch {mbs} of step(s) {', '.join(str(s) for s in lossy_steps)}"
+
+
+@rule("QA001", "error", "repeated module overwrites its own main_grad")
+def check(facts: AuditFacts) -> Iterable[Finding]:
+    """A module runs more than once per microbatch with fused wgrad accumulation, and the
+    backward of one call overwrites `main_grad` (beta 0) after other calls of the same
+    microbatch had already written their gradient into it. Their contribution is lost
+    silently: the optimizer sees only the overwriting call's gradient.
+
+    TE decides per call: `is_first_microbatch=True` at a grad-enabled forward means
+    "overwrite" in backward; Megatron passes True to the first call after re-arming. With a
+    repeated MTP layer the first depth gets True and, since depth 2 consumes depth 1, its
+    backward runs last. `overwrite_main_grad` (Megatron-FSDP) overwrites on every backward.
+
+    Fixes: run the module once per microbatch (no repeated MTP layer, Megatron's own output
+    layer), pass None (`disable_parameter_transpose_cache`), or turn fused accumulation off.
+    """
+    steps = max((r.step for records in facts.records.values() for r in records), default=0) + 1
+    rows = {row.name: row for row in facts.rows}
+    for module, records in facts.records.items():
+        lossy = [r for r in records if r.lossy]
+        if not lossy:
+            continue
+        row = rows[module]
+        first = lossy[0]
+        same_mb = [r for r in records if r.grad and (r.step, r.microbatch) == (first.step, first.microbatch)]
+        always = facts.overwrite_main_grad.get(module, False)
+        if always:
+            why = ("its weight has overwrite_main_grad, so every backward overwrites main_grad "
+                   f"and only the last of the {len(same_mb)} backwards survives")
+        else:
+            why = (f"call {first.call} gets is_first_microbatch={first.flag}, so its backward "
+                   f"(the {_ordinal(first.backward_seq)} of {len(same_mb)}) overwrites main_grad "
+                   "and discards what the other calls accumulated")
+        key, line = _cause(facts.config, module)
+        stale = row.tracked == "stale"
+        message = (f"{module}: called {row.calls_per_microbatch}x per microbatch; {why}; "
+                   f"gradient lost {_when(lossy, steps)} ({key})")
+        yield Finding("QA001", "error", module, message, facts.config.file, line,
+                      _fix(facts.config, module, facts.policy.name, stale, always,
+                           row.precision == "bf16"))

@@ -1,0 +1,31 @@
+"""QA005: a repeated module gets True but no loss was seen: safe only by graph order."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from qaudit.judge.report import Finding
+from qaudit.judge.rules import AuditFacts, rule
+
+
+@rule("QA005", "warning", "repeated module overwrites, safe only by backward order")
+def check(facts: AuditFacts) -> Iterable[Finding]:
+    """The module runs more than once per microbatch with fused wgrad accumulation and one call
+    gets `is_first_microbatch=True` (an overwrite in backward), yet nothing was lost in this
+    run: the overwriting backward happened to run first. Autograd's order among independent
+    branches is not a contract: a change of model code, recompute or pipeline schedule can
+    make it run last and lose the other calls' gradients (QA001).
+    """
+    for module, records in facts.records.items():
+        row = facts.rows_by_name[module]
+        if row.calls_per_microbatch < 2 or any(r.lossy for r in records):
+            continue
+        overwrites = [r for r in records if r.grad and r.decision == "overwrite"]
+        if overwrites:
+            first = overwrites[0]
+            yield Finding("QA005", "warning", module,
+                          f"{module}: called {row.calls_per_microbatch}x per microbatch; call "
+                          f"{first.call} overwrites main_grad but its backward ran first, so "
+                          "nothing was lost in this run", facts.config.file, None,
+                          "pass None to this module (disable_parameter_transpose_cache) or run it "
+                          "once per microbatch")

@@ -1,0 +1,23 @@
+"""QA090: the input sets something the audit does not model."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from qaudit.judge.report import Finding
+from qaudit.judge.rules import AuditFacts, rule
+
+
+@rule("QA090", "warning", "input setting not modelled by the audit")
+def check(facts: AuditFacts) -> Iterable[Finding]:
+    """The config (or launch script) sets something that can change which TE modules run, how
+    often, or in which precision, but qaudit does not model it yet. The audit went on without
+    it, so its result may not hold for the real run. The message names the setting as it was
+    written and says what TE or Megatron does differently; a YAML field, a MODEL_ARGS key and
+    a launch-script flag for the same setting get the same reason (one table:
+    qaudit/load/unmodelled.py).
+    """
+    source = facts.config.source
+    for note in (source.notes if source else []):
+        yield Finding("QA090", "warning", None, note.message, facts.config.file, note.line,
+                      "check the audit's result by hand for this setting, or drop the setting")

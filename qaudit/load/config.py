@@ -1,0 +1,728 @@
+"""The model config: Megatron `TransformerConfig` field names, with the YAML line of each key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from qaudit.families.hybrid import fields as hybrid
+
+from qaudit.families.t5 import fields as t5
+from qaudit.errors import InputError
+from qaudit.families.hybrid.pattern import MOE, HybridPattern, parse_pattern
+from qaudit.load.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
+from qaudit.plan.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
+from qaudit.load.unmodelled import HYBRID_WITHOUT_PATTERN, note_for_setting
+from qaudit.load.upstream_checks import check_upstream
+from qaudit.load.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
+
+
+@dataclass
+class ModelConfig:
+    """The fields the audit models; defaults as upstream `TransformerConfig`.
+
+    Exception: `gradient_accumulation_fusion` defaults to True, as on Megatron's training
+    command line (`--no-gradient-accumulation-fusion` turns it off), not False as in the
+    dataclass, because that is what real training runs use.
+    """
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int | None = None
+    num_query_groups: int | None = None
+    kv_channels: int | None = None
+    gated_linear_unit: bool = False
+    num_moe_experts: int | None = None
+    moe_ffn_hidden_size: int | None = None
+    moe_shared_expert_intermediate_size: int | None = None
+    moe_layer_freq: int | list[int] = 1
+    moe_grouped_gemm: bool = False
+    moe_router_topk: int = 2
+    mtp_num_layers: int | None = None
+    mtp_use_repeated_layer: bool = False
+    fp8: str | None = None
+    fp8_recipe: str = "delayed"
+    fp4: str | None = None
+    fp4_recipe: str = "nvfp4"
+    first_last_layers_bf16: bool = False
+    num_layers_at_start_in_bf16: int = 1
+    num_layers_at_end_in_bf16: int = 1
+    fp8_output_proj: bool = False
+    gradient_accumulation_fusion: bool = True
+    disable_parameter_transpose_cache: bool = False
+    use_kitchen: bool = False
+    share_embeddings_and_output_weights: bool = True
+    vocab_size: int | None = None
+    quant_recipe: str | None = None
+    # Multi-latent attention (MLATransformerConfig; defaults as upstream).
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = 512
+    kv_lora_rank: int = 512
+    qk_head_dim: int = 128
+    qk_pos_emb_head_dim: int = 64
+    v_head_dim: int = 128
+    # Norms on the MLA latents: fused into the up projections (TELayerNormColumnParallelLinear
+    # instead of TEColumnParallelLinear). Standard attention's q/k norms are not linears.
+    qk_layernorm: bool = False
+    # MLA: one fused q/kv down projection (`linear_qkv_down_proj`) with the input norm.
+    mla_down_proj_fusion: bool = False
+    recompute_granularity: str | None = None
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
+    recompute_modules: list[str] | None = None
+    moe_layer_recompute: bool = False  # deprecated: selective recompute of "moe" (below)
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    num_layers_in_first_pipeline_stage: int | None = None
+    num_layers_in_last_pipeline_stage: int | None = None
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    # An explicit layout ("Et*3|(tt|)*6tmL" or the list form): per model chunk, which layers
+    # it holds; sets the virtual pipeline size (qaudit/load/pp_layout.py).
+    pipeline_model_parallel_layout: str | list | None = None
+    # Megatron-FSDP (DDP config, not TransformerConfig): optim_grads* sharding sets
+    # overwrite_main_grad on the weights (semantics.md §1.3).
+    use_megatron_fsdp: bool = False
+    data_parallel_sharding_strategy: str = "no_shard"
+    # Hybrid (Mamba) models: HybridModel's constructor arguments (the pattern replaces the
+    # GPT stack; the override and ratio forms are its deprecated spellings) and the Mamba
+    # mixer's TransformerConfig fields (defaults as upstream). See qaudit/families/hybrid/fields.py.
+    hybrid_layer_pattern: str | None = None
+    hybrid_override_pattern: str | None = None
+    hybrid_attention_ratio: float = 0.0
+    hybrid_mlp_ratio: float = 0.0
+    mamba_state_dim: int = 128
+    mamba_head_dim: int = 64
+    mamba_num_groups: int = 8
+    mamba_num_heads: int | None = None
+    # Encoder-decoder (T5) models: the encoder's layer count (Megatron's argument name; T5Model's
+    # `encoder_config.num_layers`). Set, it makes the model a T5Model whose decoder has
+    # `num_layers` layers. See qaudit/families/t5/fields.py.
+    encoder_num_layers: int | None = None
+    # Settings that change what TE does (docs/te-settings.md): delayed weight gradients,
+    # per-layer CUDA graphs (the deprecated switches and scope name as upstream translates
+    # them), primary quantized weights, and Megatron's --freeze-all-layers (an argument, not
+    # a TransformerConfig field).
+    delay_wgrad_compute: bool = False
+    cuda_graph_impl: str = "none"
+    enable_cuda_graph: bool = False
+    external_cuda_graph: bool = False
+    cuda_graph_modules: str | list[str] | None = None
+    cuda_graph_scope: str | list[str] | None = None
+    fp8_param: bool = False
+    fp4_param: bool = False
+    freeze_all_layers: bool = False
+    # Which layer spec builds the model (qaudit's own key, not a TransformerConfig field):
+    # "te", Megatron's TE spec, or "modelopt", the spec of Megatron's ModelOpt builder
+    # (Megatron's own linears). The flag route sets it from the entry point
+    # (qaudit/load/sources/modelopt_flags.py).
+    layer_spec: str = "te"
+    # Where each key was written; not a model field.
+    source: "ConfigSource" = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    # --- derived facts, used by the planner and the model builder -------------------------
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.num_moe_experts)
+
+    @property
+    def mtp_depths(self) -> int:
+        return self.mtp_num_layers or 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.hybrid_layer_pattern is not None
+
+    @property
+    def is_t5(self) -> bool:
+        return self.encoder_num_layers is not None
+
+    def hybrid_pattern(self) -> HybridPattern | None:
+        return parse_pattern(self.hybrid_layer_pattern) if self.is_hybrid else None
+
+    def moe_layer_pattern(self) -> list[bool]:
+        """Per decoder layer: True for an MoE layer (Megatron's `moe_layer_freq` rule; in a
+        hybrid model, the pattern's 'E' layers)."""
+        pattern = self.hybrid_pattern()
+        if pattern is not None:
+            return [symbol == MOE for symbol in pattern.main]
+        if not self.is_moe:
+            return [False] * self.num_layers
+        if isinstance(self.moe_layer_freq, list):
+            return [bool(v) for v in self.moe_layer_freq]
+        return [i % self.moe_layer_freq == 0 for i in range(self.num_layers)]
+
+    def mtp_moe_layers(self) -> list[bool]:
+        """Per layer inside one MTP depth: True for MoE. GPT: one layer following the decoder's
+        last layer; hybrid: the pattern's MTP part."""
+        pattern = self.hybrid_pattern()
+        if pattern is not None:
+            return [symbol == MOE for symbol in pattern.mtp or ""]
+        return [self.moe_layer_pattern()[-1]]
+
+    def global_fp8(self) -> Quant | None:
+        return Quant("fp8", self.fp8_recipe, self.fp8) if self.fp8 else None
+
+    def global_fp4(self) -> Quant | None:
+        return Quant("fp4", self.fp4_recipe) if self.fp4 else None
+
+    def is_tracked(self) -> bool:
+        """Megatron's config-level `is_first_microbatch` tracking / re-arming predicate."""
+        return bool(self.fp8 or self.fp4 or self.use_kitchen or self.quant_recipe)
+
+    def line_of(self, key: str) -> int | None:
+        return self.source.line_of(key) if self.source else None
+
+    @property
+    def overwrites_main_grad(self) -> bool:
+        return self.use_megatron_fsdp and self.data_parallel_sharding_strategy in (
+            "optim_grads", "optim_grads_params")
+
+    def recomputed_layers(self, count: int) -> list[bool]:
+        """Per layer of a block of `count`: whole-layer (full) recompute on or off."""
+        if self.recompute_granularity != "full":
+            return [False] * count
+        if self.recompute_method == "block":
+            return [i < (self.recompute_num_layers or 0) for i in range(count)]
+        return [True] * count
+
+    def selective_recompute(self, module: str) -> bool:
+        """Selective recompute of a submodule kind: mlp, moe or shared_experts."""
+        if self.recompute_granularity != "selective":
+            return False
+        return module in (self.recompute_modules or ["core_attn"])
+
+    @property
+    def file(self) -> str | None:
+        return self.source.file if self.source else None
+
+    @property
+    def graph_impl(self) -> str:
+        """The CUDA-graph implementation after upstream's translation of the deprecated
+        switches (TransformerConfig.__post_init__): none, local, transformer_engine or
+        full_iteration."""
+        if self.enable_cuda_graph:
+            return "local"
+        if self.external_cuda_graph:
+            return "transformer_engine"
+        if "full_iteration" in self.graph_modules():
+            return "full_iteration"
+        return self.cuda_graph_impl
+
+    def graph_modules(self) -> list[str]:
+        """The capture scopes (cuda_graph_modules, or the deprecated cuda_graph_scope); empty
+        means whole layers, as upstream turns "full" into an empty list."""
+        value = self.cuda_graph_scope if self.cuda_graph_scope is not None \
+            else self.cuda_graph_modules
+        items = value if isinstance(value, list) else [] if value is None else [value]
+        return [item for item in items if item != "full"]
+
+
+@dataclass
+class SourceNote:
+    """Something the input said that the audit cannot model; becomes a warning finding."""
+
+    message: str
+    line: int | None = None
+    key: str | None = None
+
+
+@dataclass
+class ConfigSource:
+    file: str
+    path: Path
+    mapping: YamlMap
+    notes: list[SourceNote] = field(default_factory=list)
+    # Launch scripts and MODEL_ARGS files: Megatron's argv as qaudit read it (tokens.Word), so
+    # that --cross-check can hand the same words to upstream's own argument parser.
+    argv: list[Any] | None = None
+    # MODEL_ARGS files: the ENV_VARS the test runner exports (upstream's validate_args reads
+    # some of them).
+    environment: dict[str, str] = field(default_factory=dict)
+
+    def line_of(self, key: str) -> int | None:
+        if key in self.mapping.key_lines:
+            return self.mapping.key_lines[key]
+        return None
+
+
+# --- field validation ---------------------------------------------------------------------
+
+Check = Callable[[str, Any], Any]
+
+
+def _int(minimum: int) -> Check:
+    def check(key: str, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"expected an integer, got {type_name(value)} {short_repr(value)}")
+        if value < minimum:
+            raise ValueError(f"must be >= {minimum}, got {value}")
+        if value > 1_000_000:
+            raise ValueError(f"{value} is not a plausible size (limit 1,000,000)")
+        return value
+    return check
+
+
+def _optional(inner: Check) -> Check:
+    def check(key: str, value: Any) -> Any:
+        return None if value is None else inner(key, value)
+    return check
+
+
+def _bool(key: str, value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {type_name(value)} {short_repr(value)}")
+    return value
+
+
+def _choice(*choices: str, nullable: bool = False) -> Check:
+    def check(key: str, value: Any) -> Any:
+        if value is None and nullable:
+            return None
+        if not isinstance(value, str) or value not in choices:
+            allowed = ", ".join(choices) + (", null" if nullable else "")
+            hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+            raise ValueError(f"expected one of {allowed}; got {short_repr(value)}{hint}")
+        return value
+    return check
+
+
+def _string(key: str, value: Any) -> Any:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"expected a path string, got {type_name(value)} {short_repr(value)}")
+    return value
+
+
+_RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                      "shared_experts")
+
+
+def _recompute_modules(key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of module kinds, got {type_name(value)} {short_repr(value)}")
+    for item in value:
+        if item not in _RECOMPUTE_MODULES:
+            hint = did_you_mean(item, _RECOMPUTE_MODULES) if isinstance(item, str) else ""
+            raise ValueError(f"unknown recompute module {short_repr(item)}{hint}; "
+                             f"expected some of {', '.join(_RECOMPUTE_MODULES)}")
+    return list(value)
+
+
+def _ratio(key: str, value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"expected a number from 0 to 1, got {short_repr(value)}")
+    return float(value)
+
+
+def _pattern(key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        parse_pattern(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (pattern {short_repr(value)})") from None
+    return value
+
+
+_GRAPH_MODULES = ("full", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba",
+                  "full_iteration", "full_iteration_inference")
+
+
+def _graph_modules(key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if item not in _GRAPH_MODULES:
+            hint = did_you_mean(item, _GRAPH_MODULES) if isinstance(item, str) else ""
+            raise ValueError(f"unknown CUDA graph scope {short_repr(item)}{hint}; expected "
+                             f"some of {', '.join(_GRAPH_MODULES)}")
+    return list(value) if isinstance(value, list) else value
+
+
+def _layout(key: str, value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(row, list) for row in value):
+        return [list(row) for row in value]
+    raise ValueError(f"expected a layout string such as 'Et*3|(tt|)*6tmL' or a list of lists "
+                     f"of layer types, got {type_name(value)} {short_repr(value)}")
+
+
+def _layer_freq(key: str, value: Any) -> Any:
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, bool) or item not in (0, 1):
+                raise ValueError(f"a list must hold only 0 and 1 (one per layer), got {short_repr(item)}")
+        return list(value)
+    return _int(1)(key, value)
+
+
+_POSITIVE = _int(1)
+_CHECKS: dict[str, Check] = {
+    "num_layers": _POSITIVE,
+    "hidden_size": _POSITIVE,
+    "num_attention_heads": _POSITIVE,
+    "ffn_hidden_size": _optional(_POSITIVE),
+    "num_query_groups": _optional(_POSITIVE),
+    "kv_channels": _optional(_POSITIVE),
+    "gated_linear_unit": _bool,
+    "num_moe_experts": _optional(_POSITIVE),
+    "moe_ffn_hidden_size": _optional(_POSITIVE),
+    "moe_shared_expert_intermediate_size": _optional(_POSITIVE),
+    "moe_layer_freq": _layer_freq,
+    "moe_grouped_gemm": _bool,
+    "moe_router_topk": _POSITIVE,
+    "mtp_num_layers": _optional(_int(0)),
+    "mtp_use_repeated_layer": _bool,
+    "fp8": _choice(*FP8_FORMATS, nullable=True),
+    "fp8_recipe": _choice(*FP8_RECIPES, "custom"),
+    "fp4": _choice("e2m1", nullable=True),
+    "fp4_recipe": _choice(*FP4_RECIPES, "custom"),
+    "first_last_layers_bf16": _bool,
+    "num_layers_at_start_in_bf16": _int(0),
+    "num_layers_at_end_in_bf16": _int(0),
+    "fp8_output_proj": _bool,
+    "gradient_accumulation_fusion": _bool,
+    "disable_parameter_transpose_cache": _bool,
+    "use_kitchen": _bool,
+    "share_embeddings_and_output_weights": _bool,
+    "vocab_size": _optional(_POSITIVE),
+    "quant_recipe": _string,
+    "multi_latent_attention": _bool,
+    "q_lora_rank": _optional(_POSITIVE),
+    "kv_lora_rank": _POSITIVE,
+    "qk_head_dim": _POSITIVE,
+    "qk_pos_emb_head_dim": _POSITIVE,
+    "v_head_dim": _POSITIVE,
+    "qk_layernorm": _bool,
+    "mla_down_proj_fusion": _bool,
+    "recompute_granularity": _choice("full", "selective", nullable=True),
+    "recompute_method": _choice("uniform", "block", nullable=True),
+    "recompute_num_layers": _optional(_POSITIVE),
+    "recompute_modules": _recompute_modules,
+    "moe_layer_recompute": _bool,
+    "pipeline_model_parallel_size": _POSITIVE,
+    "virtual_pipeline_model_parallel_size": _optional(_POSITIVE),
+    "num_layers_in_first_pipeline_stage": _optional(_int(0)),
+    "num_layers_in_last_pipeline_stage": _optional(_int(0)),
+    "account_for_embedding_in_pipeline_split": _bool,
+    "account_for_loss_in_pipeline_split": _bool,
+    "pipeline_model_parallel_layout": _layout,
+    "use_megatron_fsdp": _bool,
+    "data_parallel_sharding_strategy": _choice("no_shard", "optim", "optim_grads",
+                                               "optim_grads_params"),
+    "hybrid_layer_pattern": _pattern,
+    "hybrid_override_pattern": _pattern,
+    "hybrid_attention_ratio": _ratio,
+    "hybrid_mlp_ratio": _ratio,
+    "mamba_state_dim": _POSITIVE,
+    "mamba_head_dim": _POSITIVE,
+    "mamba_num_groups": _POSITIVE,
+    "mamba_num_heads": _optional(_POSITIVE),
+    "encoder_num_layers": _optional(_POSITIVE),
+    "delay_wgrad_compute": _bool,
+    "cuda_graph_impl": _choice("none", "local", "transformer_engine", "full_iteration"),
+    "enable_cuda_graph": _bool,
+    "external_cuda_graph": _bool,
+    "cuda_graph_modules": _graph_modules,
+    "cuda_graph_scope": _graph_modules,
+    "fp8_param": _bool,
+    "fp4_param": _bool,
+    "freeze_all_layers": _bool,
+    "layer_spec": _choice("te", "modelopt"),
+}
+MODELLED_FIELDS = frozenset(f.name for f in fields(ModelConfig) if f.name != "source")
+assert MODELLED_FIELDS == frozenset(_CHECKS), "every modelled field needs a check"
+REQUIRED_FIELDS = ("num_layers", "hidden_size", "num_attention_heads")
+# Upstream fields the audit does not model are accepted as is: they do not change which TE
+# modules exist, how often they run or in which precision.
+ACCEPTED_FIELDS = (TRANSFORMER_CONFIG_FIELDS | MODEL_PROVIDER_FIELDS) - MODELLED_FIELDS
+
+
+def load_model_config(path: Path, display: str | None = None) -> ModelConfig:
+    display = display or str(path)
+    document = load_yaml(path, display)
+    if not isinstance(document, YamlMap):
+        raise InputError(f"expected a mapping of TransformerConfig fields, got {type_name(document)}",
+                         file=display, line=getattr(document, "line", 1))
+    mapping = document
+    if "model" in document:
+        mapping = document["model"]
+        if not isinstance(mapping, YamlMap):
+            raise InputError(f"expected a mapping under 'model', got {type_name(mapping)}",
+                             file=display, line=document.line_of("model"), key="model")
+    return config_from_mapping(mapping, ConfigSource(display, path, mapping))
+
+
+def config_from_mapping(mapping: YamlMap, source: ConfigSource,
+                        note_settings: bool = True) -> ModelConfig:
+    """`note_settings`: add a QA090 note for each setting in the unmodelled table
+    (qaudit/load/unmodelled.py); the flag routes have noted their flags already."""
+    values: dict[str, Any] = {}
+    for key, value in mapping.items():
+        line = mapping.line_of(key)
+        if not isinstance(key, str):
+            raise InputError("field names must be strings", file=source.file, line=line, key=str(key))
+        if note_settings and key in MODELLED_FIELDS | ACCEPTED_FIELDS:
+            _note_setting(source, key, value, line)
+        if key in _CHECKS:
+            try:
+                values[key] = _CHECKS[key](key, value)
+            except ValueError as exc:
+                raise InputError(str(exc), file=source.file, line=line, key=key) from None
+        elif key not in ACCEPTED_FIELDS:
+            hint = did_you_mean(key, MODELLED_FIELDS | ACCEPTED_FIELDS)
+            raise InputError(f"unknown field{hint}", file=source.file, line=line, key=key)
+    for key in REQUIRED_FIELDS:
+        if key not in values and not (key == "num_layers" and hybrid.counts_layers(values)):
+            raise InputError("required field is missing", file=source.file, line=mapping.line, key=key)
+    if note_settings and mapping.get("is_hybrid_model") is True and not hybrid.counts_layers(values):
+        source.notes.append(SourceNote(f"is_hybrid_model true: {HYBRID_WITHOUT_PATTERN}",
+                                       mapping.line_of("is_hybrid_model"), "is_hybrid_model"))
+    given = set(values)
+    values.setdefault("num_layers", 0)  # a hybrid pattern gives it (hybrid.resolve)
+    config = ModelConfig(**values, source=source)
+    hybrid.resolve(config, given)
+    t5.resolve(config, given)
+    _fill_defaults(config)
+    _validate(config)
+    return config
+
+
+def setting_text(value: Any) -> str:
+    """A setting's value as the user would write it in YAML."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return short_repr(value, 40)[1:-1]
+    if isinstance(value, list):
+        return "[" + ", ".join(setting_text(v) for v in value[:8]) + (", ..." if len(value) > 8 else "") + "]"
+    return short_repr(value, 40)
+
+
+def _note_setting(source: ConfigSource, key: str, value: Any, line: int | None) -> None:
+    why = note_for_setting(key, value)
+    if why is None:
+        return
+    if key == "transformer_impl" and value == "local":
+        # As on the command line (qaudit/load/sources/translate.py): nothing to audit.
+        raise InputError("transformer_impl local: no TE modules, nothing to audit",
+                         file=source.file, line=line, key=key)
+    shown = setting_text(value)
+    source.notes.append(SourceNote(f"{key} {shown}: {why}", line, key))
+
+
+def _fill_defaults(config: ModelConfig) -> None:
+    """Derived defaults, as `TransformerConfig.__post_init__` fills them."""
+    if config.ffn_hidden_size is None:
+        config.ffn_hidden_size = 4 * config.hidden_size
+    if config.num_query_groups is None:
+        config.num_query_groups = config.num_attention_heads
+    if config.kv_channels is None:
+        config.kv_channels = max(1, config.hidden_size // config.num_attention_heads)
+    if config.moe_ffn_hidden_size is None:
+        config.moe_ffn_hidden_size = config.ffn_hidden_size
+    if config.moe_layer_recompute:
+        # The deprecated switch becomes selective recompute of "moe" (both input routes).
+        if config.recompute_granularity == "full":
+            raise InputError("cannot be combined with full recompute (TransformerConfig rejects "
+                             "it)", file=config.file, line=config.line_of("moe_layer_recompute"),
+                             key="moe_layer_recompute")
+        modules = list(config.recompute_modules or ["core_attn"])
+        config.recompute_granularity = "selective"
+        config.recompute_modules = modules + (["moe"] if "moe" not in modules else [])
+
+
+def _validate(config: ModelConfig) -> None:
+    """Contradictions upstream rejects at construction, reported at the offending key."""
+
+    def fail(key: str, message: str) -> None:
+        raise InputError(message, file=config.file, line=config.line_of(key), key=key)
+
+    if config.fp8 and config.fp4:
+        fail("fp4", "fp8 and fp4 cannot both be set (TransformerConfig rejects it)")
+    if config.fp8 and config.fp8_recipe == "custom":
+        fail("fp8_recipe", "a global 'custom' recipe needs a quantizer factory (Python code), "
+             "which qaudit does not import; use a recipe file instead")
+    if config.fp4 and config.fp4_recipe == "custom":
+        fail("fp4_recipe", "a global 'custom' recipe needs a quantizer factory (Python code), "
+             "which qaudit does not import; use a recipe file instead")
+    if config.num_attention_heads % config.num_query_groups:
+        fail("num_query_groups", f"num_attention_heads ({config.num_attention_heads}) must be a "
+             f"multiple of num_query_groups ({config.num_query_groups})")
+    if config.fp8_output_proj:
+        if not (config.fp8 and config.fp8_recipe == "mxfp8"):
+            fail("fp8_output_proj", "needs fp8 with fp8_recipe: mxfp8 (TransformerConfig rejects it)")
+        # One stage holds both: the TE head cannot take the embedding's weight. With
+        # pipelining the last stage has its own copy of it. (HybridModel and T5Model never
+        # build it.)
+        if config.share_embeddings_and_output_weights and config.pipeline_model_parallel_size == 1 \
+                and not config.is_hybrid and not config.is_t5:
+            fail("fp8_output_proj", "a TE output layer cannot use the embedding's weight: set "
+                 "share_embeddings_and_output_weights: false")
+    if config.fp8 and config.first_last_layers_bf16:
+        if config.fp8_recipe == "delayed":
+            fail("first_last_layers_bf16", "not supported with fp8_recipe: delayed "
+                 "(one autocast covers the whole block); upstream rejects it")
+        per_stage = config.num_layers // config.pipeline_model_parallel_size
+        for key in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if getattr(config, key) > per_stage:
+                fail(key, f"must be at most num_layers // pipeline_model_parallel_size ({per_stage})")
+    if isinstance(config.moe_layer_freq, list) and len(config.moe_layer_freq) != config.num_layers \
+            and not config.is_hybrid:  # the pattern places MoE layers instead
+        fail("moe_layer_freq", f"a list needs one entry per layer: {len(config.moe_layer_freq)} "
+             f"given, num_layers is {config.num_layers}")
+    if config.is_moe and config.moe_router_topk > config.num_moe_experts:
+        fail("moe_router_topk", f"cannot exceed num_moe_experts ({config.num_moe_experts})")
+    if config.mla_down_proj_fusion:
+        if not config.multi_latent_attention:
+            fail("mla_down_proj_fusion", "needs multi_latent_attention: true (Megatron asserts "
+                 "'--mla-down-proj-fusion requires --multi-latent-attention')")
+        if config.q_lora_rank is None:
+            fail("mla_down_proj_fusion", "needs q_lora_rank (Megatron's FusedMLASelfAttention "
+                 "asserts it: the fused projection holds the query's down projection)")
+    if config.mtp_use_repeated_layer and not config.mtp_depths:
+        fail("mtp_use_repeated_layer", "needs mtp_num_layers >= 1")
+    if config.recompute_granularity == "full" and config.recompute_method is None:
+        fail("recompute_granularity", "full recompute needs recompute_method: uniform or block")
+    if config.recompute_granularity == "full" and not config.recompute_num_layers:
+        fail("recompute_granularity", "full recompute needs recompute_num_layers (layers per "
+             "checkpointed chunk for uniform, checkpointed layers for block)")
+    if config.quant_recipe is not None and config.use_kitchen:
+        fail("quant_recipe", "cannot be combined with use_kitchen (Megatron rejects a kitchen "
+             "recipe together with --te-precision-config-file)")
+    _validate_te_settings(config, fail)
+    _apply_layout(config, fail)
+    _check_modelopt_spec(config, fail)
+    hybrid.validate(config, fail)
+    t5.validate(config, fail)
+    _check_virtual_needs_stages(config, fail)
+    if config.source is not None:
+        check_upstream(config, config.source.mapping, fail)
+    _check_build_size(config, fail)
+    from qaudit.plan.pipeline import pipeline_layout
+
+    pipeline_layout(config)  # raises InputError on a split Megatron would reject
+
+
+def _validate_te_settings(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """What TransformerConfig.__post_init__ rejects about the TE settings qaudit models."""
+    if config.fp8_param and not config.fp8:
+        fail("fp8_param", "fp8_param must be used together with fp8 (TransformerConfig rejects it)")
+    if config.fp4_param and not config.fp4:
+        fail("fp4_param", "fp4_param must be used together with fp4 (TransformerConfig rejects it)")
+    for key in ("enable_cuda_graph", "external_cuda_graph"):
+        if getattr(config, key) and config.cuda_graph_impl != "none":
+            fail(key, "cannot be combined with cuda_graph_impl (TransformerConfig rejects it; "
+                 "the switch is the deprecated spelling of cuda_graph_impl)")
+    if config.enable_cuda_graph and config.external_cuda_graph:
+        fail("external_cuda_graph", "enable_cuda_graph and external_cuda_graph cannot both be set")
+    if config.cuda_graph_scope is not None and config.cuda_graph_modules not in (None, "full", []):
+        fail("cuda_graph_scope", "cuda_graph_scope and cuda_graph_modules cannot be set together "
+             "(cuda_graph_scope is the deprecated name)")
+
+
+def _apply_layout(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """TransformerConfig's checks of an explicit layout; it sets the virtual pipeline size."""
+    from qaudit.load.pp_layout import LayoutError, read_layout
+
+    key = "pipeline_model_parallel_layout"
+    if config.pipeline_model_parallel_layout is None:
+        return
+    for other in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"):
+        if getattr(config, other) is not None:
+            fail(other, f"cannot be set with {key} (TransformerConfig raises ValueError)")
+    for other in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if getattr(config, other):
+            fail(other, f"cannot be set with {key} (TransformerConfig raises ValueError)")
+    if config.is_hybrid or config.is_t5:
+        fail(key, "is not modelled for hybrid or T5 models (Megatron's argument checks reject "
+             "it with a hybrid pattern; layouts do not hold encoder layers)")
+    try:
+        layout = read_layout(config.pipeline_model_parallel_layout,
+                             config.pipeline_model_parallel_size, config.num_layers,
+                             config.mtp_depths)
+    except LayoutError as exc:
+        fail(key, str(exc))
+    vpp = config.virtual_pipeline_model_parallel_size
+    if vpp is not None and vpp != layout.virtual:
+        fail("virtual_pipeline_model_parallel_size", f"contradicts {key}: its {len(layout.chunks)} "
+             f"model chunks over {layout.stages} stages make {layout.virtual} per stage "
+             "(TransformerConfig asserts they match)")
+    config.virtual_pipeline_model_parallel_size = layout.virtual if layout.virtual > 1 else None
+
+
+def _check_virtual_needs_stages(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """Virtual chunks need more than one stage (parallel_state.initialize_model_parallel and
+    validate_args; qaudit's row names would also collide)."""
+    vpp = config.virtual_pipeline_model_parallel_size or 1
+    if vpp == 1 or config.pipeline_model_parallel_size > 1:
+        return
+    key = ("pipeline_model_parallel_layout" if config.pipeline_model_parallel_layout is not None
+           else hybrid.pattern_key(config) if config.is_hybrid
+           else "virtual_pipeline_model_parallel_size")
+    fail(key, f"makes {vpp} model chunks on one pipeline stage: Megatron raises "
+         "'pipeline-model-parallel size should be greater than 1 with interleaved schedule'")
+
+
+def _check_modelopt_spec(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    """What Megatron raises when it builds the modelopt spec (docs/upstream-model.md)."""
+    if config.layer_spec != "modelopt":
+        return
+    if config.is_t5:
+        fail("layer_spec", "the modelopt spec builds GPT and hybrid models only (ModelOpt's "
+             "builder raises for other model types)")
+    if config.virtual_pipeline_model_parallel_size not in (None, 1):
+        fail("virtual_pipeline_model_parallel_size", "ModelOpt's builder raises 'ModelOpt "
+             "integration does not currently support virtual pipeline parallel'")
+    if config.multi_latent_attention and not config.is_hybrid:
+        # The spec sets q_layernorm/kv_layernorm modules on MLA; mla_qk_norm_config.py
+        # rejects them unless qk_layernorm is on and a q_lora_rank consumes the q norm.
+        if not config.qk_layernorm:
+            fail("multi_latent_attention", "the modelopt spec gives MLA explicit q/kv norms, "
+                 "which Megatron rejects without qk_layernorm (ValueError: 'qk_layernorm/"
+                 "qk_l2_norm are supposed to be disabled')")
+        if config.q_lora_rank is None:
+            fail("multi_latent_attention", "the modelopt spec gives MLA an explicit q norm, "
+                 "which Megatron rejects without q_lora_rank (ValueError: the q norm 'will not "
+                 "be used')")
+
+
+# What one audit may build: every layer and every expert is a real module (only widths
+# shrink), so these bound its time and memory. The biggest real models fit with room to spare:
+# Llama-3.1-405B has 126 layers, Qwen3-235B 94 x 128 experts, DeepSeek-V3 61 layers with 256
+# experts in 58 MoE layers + MTP (~15,000 experts built), Kimi-K2 ~23,000.
+MAX_BUILT_LAYERS = 1024     # decoder (+ T5 encoder) layers + MTP depths, each run every microbatch
+MAX_BUILT_EXPERTS = 32_768  # routed experts summed over every MoE layer built (decoder + MTP)
+
+
+def _check_build_size(config: ModelConfig, fail: Callable[[str, str], None]) -> None:
+    built_depths = 1 if config.mtp_use_repeated_layer else config.mtp_depths
+    mtp_layers = config.mtp_moe_layers() if config.mtp_depths else []
+    encoder = config.encoder_num_layers or 0
+    layers = config.num_layers + encoder + config.mtp_depths * len(mtp_layers)
+    if layers > MAX_BUILT_LAYERS:
+        key = "mtp_num_layers" if config.mtp_depths > config.num_layers else "num_layers"
+        if encoder > config.num_layers and config.line_of("encoder_num_layers") is not None:
+            key = "encoder_num_layers"
+        t5_part = f" + encoder_num_layers {encoder}" if encoder else ""
+        if config.is_hybrid and config.line_of(key) is None:
+            key = hybrid.pattern_key(config)  # the pattern gave the count
+        per_depth = f" x {len(mtp_layers)} layers" if config.is_hybrid and mtp_layers else ""
+        fail(key, f"the audit would build and run {layers} transformer layers (num_layers "
+             f"{config.num_layers}{t5_part} + mtp_num_layers {config.mtp_depths}{per_depth}); the limit "
+             f"is {MAX_BUILT_LAYERS}. Audit a copy with fewer layers: verdicts repeat per layer, "
+             "so keep the first/last BF16 layers, the MoE pattern and the MTP setting")
+    if config.is_moe:
+        moe_layers = sum(config.moe_layer_pattern()) + built_depths * sum(mtp_layers)
+        experts = config.num_moe_experts * moe_layers
+        if experts > MAX_BUILT_EXPERTS:
+            fail("num_moe_experts", f"the audit would build {experts} routed experts "
+                 f"({config.num_moe_experts} in each of {moe_layers} MoE layers); the limit is "
+                 f"{MAX_BUILT_EXPERTS}. Audit a copy with fewer experts or layers: verdicts "
+                 "repeat per expert, so a few experts (at least moe_router_topk) show the same")

@@ -1,0 +1,19 @@
+"""What the model's modules share during one audit run: runtime, policy, recorder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from qaudit.plan.policies import TrackingPolicy
+from qaudit.model.probe import Recorder
+from qaudit.plan.upstream.te import NEWEST_TE, TEBehaviour, te_behaviour
+
+
+@dataclass
+class Session:
+    runtime: Any  # a runtime: module factories, autocast(), current_quant()
+    policy: TrackingPolicy
+    recorder: Recorder = field(default_factory=Recorder)
+    # The Transformer Engine behaviour audited for (qaudit/plan/upstream/te.py).
+    te: TEBehaviour = field(default_factory=lambda: te_behaviour(NEWEST_TE))

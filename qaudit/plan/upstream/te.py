@@ -1,0 +1,170 @@
+"""`--te auto|main|VERSION`: the Transformer Engine behaviour a verdict is for.
+
+`auto` reads the version of the TE this Python would import, from its distribution's metadata
+beside the package (or the package's own version file), without importing it: importing TE
+loads its CUDA extension, and the audit must not initialise CUDA to name a version. With no
+TE importable, the audit is for the newest release qaudit knows, and says so.
+
+What changes between versions is data here (`TEBehaviour`), each boundary read in TE's
+tagged sources (docs/te-settings.md lists the files):
+
+- `overwrite_main_grad` on a weight: ignored before v2.9 (TE PR #2191), read in backward from
+  v2.9 to v2.14.1, read at forward and saved since v2.15 (TE PR #2549). qaudit's weights
+  carry the attribute for the whole run, so "backward" and "forward" give the same result.
+- delayed weight gradients (`delay_wgrad_compute`): since v2.3; `backward_dw` runs the
+  module's wgrad hooks (the ones Megatron's DDP registers) since v2.7.
+- CUDA graphs: before v2.14 `make_graphed_callables` set every `is_first_microbatch`
+  attribute back to True after warm-up (removed by TE PR #2715), so a capture that follows
+  warm-up saw the armed flag.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from qaudit.errors import InputError
+
+# TE releases whose Python sources qaudit's facts were read in: every tag from v1.9 (the
+# first with GroupedLinear) to v2.18, and the 2.20.2 wheel from the package index.
+TE_RELEASES = ("1.9", "1.10", "1.11", "1.12", "1.13", "2.0", "2.1", "2.2", "2.2.1", "2.3",
+               "2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14",
+               "2.14.1", "2.15", "2.16", "2.16.1", "2.17", "2.17.1", "2.18", "2.20.2")
+NEWEST_TE = TE_RELEASES[-1]
+TE_MAIN = "main"
+TE_MAIN_VERSION = "2.20.0.dev0"  # TE main at commit d0067d0da6, as read
+CHOOSE_TE_HINT = "pass --te VERSION for the Transformer Engine you run"
+
+
+def te_version_key(version: str) -> tuple[int, ...] | None:
+    """(2, 20, 2) for '2.20.2', '2.20.2+cu12', 'v2.20'; None when it is no version."""
+    match = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
+    if not match:
+        return None
+    return tuple(int(part) for part in match.groups(default="0"))
+
+
+@dataclass(frozen=True)
+class TEBehaviour:
+    """What one TE version does with the settings qaudit models."""
+
+    overwrite_main_grad: str  # "ignored" | "backward" | "forward"
+    delay_wgrad: bool  # delay_wgrad_compute exists (WeightGradStore, backward_dw)
+    delay_wgrad_hooks: bool  # backward_dw runs the registered wgrad hooks
+    graph_warmup_rearms: bool  # make_graphed_callables re-arms is_first_microbatch after warm-up
+
+    @property
+    def reads_overwrite_main_grad(self) -> bool:
+        return self.overwrite_main_grad != "ignored"
+
+
+def te_behaviour(version: str) -> TEBehaviour:
+    key = te_version_key(version) or te_version_key(NEWEST_TE)
+    return TEBehaviour(
+        overwrite_main_grad=("ignored" if key < (2, 9) else
+                             "backward" if key < (2, 15) else "forward"),
+        delay_wgrad=key >= (2, 3),
+        delay_wgrad_hooks=key >= (2, 7),
+        graph_warmup_rearms=key < (2, 14))
+
+
+@dataclass(frozen=True)
+class TETarget:
+    source: str  # "installed" (its metadata read), "named" (--te), "assumed"
+    version: str
+    location: str | None = None
+    note: str | None = None
+
+    @property
+    def behaviour(self) -> TEBehaviour:
+        return te_behaviour(TE_MAIN_VERSION if self.version == TE_MAIN else self.version)
+
+    def label(self) -> str:
+        if self.version == TE_MAIN:
+            return f"Transformer Engine main ({TE_MAIN_VERSION})"
+        return f"Transformer Engine {self.version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "version": self.version, "label": self.label(),
+                "overwrite_main_grad": self.behaviour.overwrite_main_grad,
+                "location": self.location, "note": self.note}
+
+
+def newest_te(note: str | None = None) -> TETarget:
+    return TETarget("assumed", NEWEST_TE, note=note)
+
+
+def resolve_te(spec: str = "auto", search_path: Sequence[str] | None = None) -> TETarget:
+    """The TE `--te SPEC` means; an unknown SPEC is an InputError (exit 2)."""
+    if spec == "auto":
+        return _installed_or_assumed(search_path)
+    version = spec[1:] if spec[:1] in ("v", "V") and spec[1:2].isdigit() else spec
+    if version != TE_MAIN and version not in TE_RELEASES:
+        raise InputError(f"--te {spec!r}: not a Transformer Engine release qaudit knows; use "
+                         f"auto, main or one of: {', '.join(TE_RELEASES)}")
+    return TETarget("named", version)
+
+
+def _installed_or_assumed(search_path: Sequence[str] | None) -> TETarget:
+    found = locate_te(search_path)
+    if found is None:
+        return newest_te(f"no Transformer Engine importable, the newest release qaudit knows; "
+                         f"{CHOOSE_TE_HINT}")
+    root, version = found
+    if version is None or te_version_key(version) is None:
+        return newest_te(f"found Transformer Engine at {root} but no version in its metadata; "
+                         f"{CHOOSE_TE_HINT}")
+    key = te_version_key(version)
+    note = None
+    if key > te_version_key(NEWEST_TE):
+        note = (f"newer than the newest release qaudit was checked against ({NEWEST_TE}): "
+                "audited with that release's behaviour")
+    return TETarget("installed", version, location=str(root), note=note)
+
+
+_DIST_PREFIXES = ("transformer_engine-", "transformer_engine_torch-", "transformer_engine_cu12-",
+                  "transformer_engine_cu13-")
+
+
+def locate_te(search_path: Sequence[str] | None = None) -> tuple[Path, str | None] | None:
+    """(sys.path entry holding `transformer_engine/`, its version or None), as `import
+    transformer_engine` would find it, without importing anything. The working directory ('')
+    is skipped as in qaudit/plan/upstream/detect.py."""
+    for entry in search_path if search_path is not None else sys.path:
+        if not isinstance(entry, str) or entry in ("", "."):
+            continue
+        root = Path(entry)
+        package = root / "transformer_engine"
+        try:
+            if not (package / "__init__.py").is_file():
+                continue
+        except OSError:
+            continue
+        return root, _version_beside(root)
+    return None
+
+
+def _version_beside(root: Path) -> str | None:
+    """From the distributions' METADATA next to the package: the meta package's first, then
+    the framework and core wheels' (all carry the same release number)."""
+    for prefix in _DIST_PREFIXES:
+        try:
+            candidates = sorted(root.glob(f"{prefix}*.dist-info"))
+        except OSError:
+            continue
+        for info in candidates:
+            try:
+                metadata = (info / "METADATA").read_text(errors="replace")[:65536]
+            except OSError:
+                continue
+            match = re.search(r"^Version:\s*(\S+)", metadata, re.MULTILINE)
+            if match:
+                return match.group(1)
+    try:  # a source checkout on PYTHONPATH keeps its number in build_tools/VERSION.txt
+        text = (root / "build_tools" / "VERSION.txt").read_text(errors="replace")[:200]
+    except OSError:
+        return None
+    return text.strip().splitlines()[0] if text.strip() else None

@@ -1,0 +1,159 @@
+"""The audited run: a few steps of a few microbatches, the way Megatron trains.
+
+Each step zeroes the gradient buffers, re-arms the flags at the first microbatch (through the
+policy), runs forward and backward per microbatch, then updates the weights from `main_grad`.
+Every parameter carries a `main_grad` buffer and `grad_added_to_main_grad`, and a hook adds
+autograd gradients into `main_grad` as Megatron's DDP does (semantics.md §1.3). With delayed
+weight gradients the hook is the module's wgrad hook, run by `backward_dw`, and every queued
+GEMM runs after the microbatch's backward; `--freeze-all-layers` trains forward-only
+(docs/te-settings.md).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from qaudit.model.gpt import GPTModel
+from qaudit.model.probe import Recorder
+
+LEARNING_RATE = 0.05
+
+
+def _ddp_hook(param: torch.nn.Parameter) -> None:
+    if param.grad is None:
+        return
+    if not param.grad_added_to_main_grad or getattr(param, "zero_out_wgrad", False):
+        param.main_grad.add_(param.grad)
+    param.grad = None
+
+
+def delayed_wgrad_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Modules that queue their weight gradients for `backward_dw` (TE need_backward_dw)."""
+    return [m for m in model.modules()
+            if callable(getattr(m, "need_backward_dw", None)) and m.need_backward_dw()]
+
+
+def run_backward_dw(model: torch.nn.Module) -> None:
+    """Run every queued weight-gradient GEMM, one `backward_dw` per queued backward, as
+    Megatron's overlap schedule calls it per layer node and microbatch."""
+    for module in delayed_wgrad_modules(model):
+        while len(module.wgrad_store):
+            module.backward_dw()
+
+
+def attach_grad_buffers(model: torch.nn.Module, overwrite_main_grad: bool = False
+                        ) -> list[torch.nn.Parameter]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Megatron DDP (distributed_data_parallel.py): a parameter TE marked
+    # skip_backward_post_hook gets the hook through its module's wgrad hooks instead.
+    hooked_by_module: set[int] = set()
+    for module in delayed_wgrad_modules(model):
+        for param in module.parameters():
+            if param.requires_grad and getattr(param, "skip_backward_post_hook", False):
+                module.register_wgrad_accumulation_and_reduce_hooks(
+                    lambda param=param: _ddp_hook(param))
+                hooked_by_module.add(id(param))
+    for param in params:
+        param.main_grad = torch.zeros_like(param)
+        param.grad_added_to_main_grad = False
+        if id(param) not in hooked_by_module:
+            param.register_post_accumulate_grad_hook(_ddp_hook)
+        if overwrite_main_grad:
+            # Megatron-FSDP (optim_grads sharding): each backward's wgrad replaces main_grad,
+            # which is reduce-scattered into the sharded gradient after every microbatch.
+            param.overwrite_main_grad = True
+            param.sharded_grad = torch.zeros_like(param)
+    return params
+
+
+def zero_grad_buffer(params: list[torch.nn.Parameter]) -> None:
+    for param in params:
+        param.main_grad.zero_()
+        param.grad_added_to_main_grad = False
+        param.grad = None
+        if hasattr(param, "sharded_grad"):
+            param.sharded_grad.zero_()
+
+
+def step_gradient(param: torch.nn.Parameter) -> torch.Tensor:
+    """The gradient the optimizer uses: main_grad, or FSDP's per-step reduced gradient."""
+    return param.sharded_grad if hasattr(param, "sharded_grad") else param.main_grad
+
+
+def make_batches(model: GPTModel, count: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    dims = model.dims
+    shape = (dims.micro_batch_size, dims.seq_length + 1)
+    batches = []
+    for _ in range(count):
+        tokens = torch.randint(0, dims.vocab, shape, generator=generator)  # same on every device
+        tokens = tokens.to(model.device)
+        batches.append((tokens[:, :-1], tokens[:, 1:]))
+    return batches
+
+
+# One microbatch's forward and backward: the whole model in one process, or one pipeline
+# stage's share with its neighbours (qaudit.run.stage_runner).
+MicrobatchStep = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+def _whole_model(model: GPTModel) -> MicrobatchStep:
+    return lambda tokens, labels: model(tokens, labels).backward()
+
+
+def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: int,
+                 seed: int = 0, before_step: Callable[[int], None] | None = None,
+                 microbatch_step: MicrobatchStep | None = None,
+                 before_update: Callable[[list[torch.nn.Parameter]], None] | None = None) -> None:
+    """`before_update` sees the step's gradients before the weights change (a pipeline's
+    embedding copies sum theirs there)."""
+    fsdp = model.config.overwrites_main_grad
+    params = attach_grad_buffers(model, overwrite_main_grad=fsdp)
+    microbatch_step = microbatch_step or _whole_model(model)
+    batches = make_batches(model, microbatches, seed)
+    model.train()
+    for step in range(steps):
+        if before_step is not None:
+            before_step(step)
+        zero_grad_buffer(params)
+        recorder.start_step()
+        for index, (tokens, labels) in enumerate(batches):
+            recorder.start_microbatch(buffers_drained=fsdp)
+            if index == 0:
+                model.set_is_first_microbatch()
+            microbatch_step(tokens, labels)
+            run_backward_dw(model)
+            if fsdp:
+                for param in params:
+                    param.sharded_grad.add_(param.main_grad)
+                    param.main_grad.zero_()
+        if before_update is not None:
+            before_update(params)
+        with torch.no_grad():
+            for param in params:
+                param.add_(step_gradient(param), alpha=-LEARNING_RATE)
+
+
+def run_evaluation(model: GPTModel, recorder: Recorder, steps: int, microbatches: int,
+                   seed: int = 0, forward: Callable[[torch.Tensor, torch.Tensor], object] | None = None,
+                   frozen_training: bool = False) -> None:
+    """Forward-only evaluation: modules in eval mode (evaluation recipes), flags re-armed at
+    each evaluation's first microbatch, no backward.
+
+    `frozen_training`: Megatron's --freeze-all-layers instead (training.py
+    `_freeze_all_model_chunks`, `_forward_backward_grad_context`): every parameter has
+    requires_grad=False and each step runs forward-only under no_grad, in training mode."""
+    batches = make_batches(model, microbatches, seed)
+    if frozen_training:
+        model.requires_grad_(False)
+    model.train(frozen_training)
+    with torch.no_grad():
+        for _ in range(steps):
+            recorder.start_step()
+            for index, (tokens, labels) in enumerate(batches):
+                recorder.start_microbatch()
+                if index == 0:
+                    model.set_is_first_microbatch()
+                (forward or model)(tokens, labels)
