@@ -174,9 +174,9 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
     """`check` once options are known: the exit code, after printing (when `speaks`)."""
     from dataclasses import replace
 
-    from qaudit.run.audit import audit_files
+    from qaudit.commands.check import audit_files
     from qaudit.judge.baseline import prepare_baseline
-    from qaudit.render.outputs import check_clashes
+    from qaudit.files.outputs import check_clashes
     from qaudit.render import emit, parse_outputs
     from qaudit.load.sources import parse_assignments
 
@@ -294,8 +294,9 @@ def diff(
 ) -> None:
     """Audit BASE and HEAD; show only what changes. Exit 1 when HEAD introduces an error."""
     from qaudit.run.audit import AuditOptions
-    from qaudit.judge.diff import diff_reports, emit_diff, load_side
-    from qaudit.render.outputs import check_clashes
+    from qaudit.commands.diff import emit_diff, load_side
+    from qaudit.judge.diff import diff_reports
+    from qaudit.files.outputs import check_clashes
     from qaudit.render import parse_outputs
 
     from qaudit.plan.upstream.target import resolve_megatron

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from qaudit.run.audit import AuditOptions, audit_files
+from qaudit.run.audit import AuditOptions
+
+from qaudit.commands.check import audit_files
 
 SMALL_MTP = """\
 num_layers: 4

@@ -40,7 +40,7 @@ matchers:
 def load_inputs(config: str | Path, recipe: str | Path | None = None):
     # Imported here, not at module level: qaudit.run.audit imports torch (~3 s), and the background
     # subprocesses should already be starting while that happens.
-    from qaudit.run.audit import load_inputs as load
+    from qaudit.commands.check import load_inputs as load
 
     return load(str(config), None if recipe is None else str(recipe))
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from qaudit import cli
 from cli_helpers import run_in_process
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,7 +77,7 @@ def test_internal_error_exits_3_without_report(monkeypatch, capsys):
     def explode(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("qaudit.run.audit.audit_files", explode)
+    monkeypatch.setattr("qaudit.commands.check.audit_files", explode)
     code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml")
     assert code == 3 and out == ""
     assert "internal error: RuntimeError: boom" in err and "Traceback" not in err

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from qaudit.run.audit import AuditOptions, audit_config, load_inputs
+from qaudit.run.audit import AuditOptions
+
+from qaudit.commands.check import audit_config, load_inputs
 from qaudit.errors import InputError
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "megatron"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from qaudit import cli
-from qaudit.judge.diff import diff_reports, render_diff
+from qaudit.judge.diff import diff_reports
+from qaudit.render.diff import render_diff
 from qaudit.render.load import report_from_dict
 from cli_helpers import run_in_process
 

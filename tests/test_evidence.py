@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from qaudit.run.audit import AuditOptions, audit_files
+from qaudit.run.audit import AuditOptions
+
+from qaudit.commands.check import audit_files
 
 BASE = "num_layers: 2\nhidden_size: 128\nnum_attention_heads: 4\n"
 MTP = "mtp_num_layers: 2\nmtp_use_repeated_layer: true\n"

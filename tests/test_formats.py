@@ -60,7 +60,7 @@ def fake_audit(monkeypatch):
     def use(example: str) -> None:
         def audit_files(config, recipe=None, options=None, **kwargs):
             return golden_report(example)[0]
-        monkeypatch.setattr("qaudit.run.audit.audit_files", audit_files)
+        monkeypatch.setattr("qaudit.commands.check.audit_files", audit_files)
     return use
 
 
@@ -417,7 +417,7 @@ def test_bad_output_spec_exits_2_before_auditing(monkeypatch, capsys, spec, mess
     def never(*args, **kwargs):
         raise AssertionError("audited despite a bad --output")
 
-    monkeypatch.setattr("qaudit.run.audit.audit_files", never)
+    monkeypatch.setattr("qaudit.commands.check.audit_files", never)
     code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
                                     "--output", spec)
     assert (code, out) == (2, "") and message in err and err.count("\n") == 1

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 from qaudit.runtime import te_unavailable_reason
 from qaudit.commands.parity import audit_side, differences
 

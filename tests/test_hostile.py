@@ -39,7 +39,7 @@ FP8 = BASE + "fp8: e4m3\nfp8_recipe: tensorwise\n"
 
 
 def load_inputs(config, recipe=None):
-    from qaudit.run.audit import load_inputs as load
+    from qaudit.commands.check import load_inputs as load
 
     return load(str(config), None if recipe is None else str(recipe))
 

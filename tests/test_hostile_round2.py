@@ -516,7 +516,7 @@ def test_dev_stdout_gets_the_report_and_stays_a_device(tmp_path):
 
 WRITER = """
 import os, sys, time
-from qaudit.render import outputs
+from qaudit.files import outputs
 real_replace = os.replace
 def slow_replace(src, dst):
     open(sys.argv[2], "w").write("ready")
@@ -650,7 +650,7 @@ def test_a_value_from_outside_skips_the_check_instead_of_guessing(tmp_path):
 
 
 def test_checked_fields_are_type_checked_in_yaml(write_yaml):
-    from qaudit.run.audit import load_inputs
+    from qaudit.commands.check import load_inputs
 
     path = write_yaml("cfg.yaml", BASE + "add_bias_linear: 'no'\n")
     with pytest.raises(InputError) as info:
@@ -733,14 +733,15 @@ def test_long_runs_are_estimated_and_refused_unless_allowed(tmp_path, monkeypatc
 
 
 def test_estimate_is_close_for_the_default_run(repo_configs):
-    from qaudit.run.audit import AuditOptions, audit_files
+    from qaudit.run.audit import AuditOptions
+    from qaudit.commands.check import audit_files
     from qaudit.run.cost import estimate_seconds
     from qaudit.plan.dims import model_dims
     from qaudit.model.gpt import build_model
     from qaudit.plan.policies import POLICIES
     from qaudit.model.session import Session
     from qaudit.runtime import select_runtime
-    from qaudit.run.audit import load_inputs
+    from qaudit.commands.check import load_inputs
 
     config, recipe = load_inputs(str(repo_configs / "llama-3.1-405b-fp8.yaml"))
     model = build_model(config, model_dims(config, False),

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from qaudit.run.audit import AuditOptions, audit_files, load_inputs
+from qaudit.run.audit import AuditOptions
+
+from qaudit.commands.check import audit_files, load_inputs
 from qaudit.errors import InputError
 from qaudit.plan.dims import model_dims
 from qaudit.families.hybrid.pattern import parse_pattern, pattern_from_ratios

@@ -7,7 +7,7 @@ import pytest
 from qaudit.load.config import ModelConfig
 from qaudit.plan.execution import (decoder_layer_ambient, is_first_last_bf16_layer, mtp_ambient,
                          output_layer_ambient, resolve_execution)
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 from qaudit.load.recipe import TERecipe
 
 FP8 = Quant("fp8", "tensorwise")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 from qaudit.load.recipe import load_recipe
 
 EXAMPLE = """\

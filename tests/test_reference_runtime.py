@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 from qaudit.runtime import reference
 from qaudit.runtime.fakequant import fake_quantize
 

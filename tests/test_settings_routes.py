@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from qaudit.run.audit import load_inputs
+from qaudit.commands.check import load_inputs
 from qaudit.load.config import ACCEPTED_FIELDS, MODELLED_FIELDS
 from qaudit.load.sources import megatron_flags as flags
 from qaudit.load.sources.upstream_flags import UPSTREAM_FLAGS

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from qaudit import cli
-from qaudit.run.audit import AuditOptions, audit_files, load_inputs
+from qaudit.run.audit import AuditOptions
+from qaudit.commands.check import audit_files, load_inputs
 from qaudit.errors import InputError
 from qaudit.load.sources import megatron_flags
 from qaudit.load.sources.listexpr import parse_list_expression

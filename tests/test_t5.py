@@ -7,7 +7,9 @@ import textwrap
 
 import pytest
 
-from qaudit.run.audit import AuditOptions, audit_files, load_inputs
+from qaudit.run.audit import AuditOptions
+
+from qaudit.commands.check import audit_files, load_inputs
 from qaudit.plan.sizes import model_params
 from cli_helpers import run_in_process
 from test_hybrid import assert_refused, names, rows

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import fake_te
-from qaudit.run.audit import AuditOptions, audit_files
+from qaudit.run.audit import AuditOptions
+from qaudit.commands.check import audit_files
 from qaudit.errors import EnvironmentProblem
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 from qaudit.runtime import reference
 from qaudit.runtime.te import TEApi, TERuntime, _pad_rows
 from qaudit.runtime.wgrad import documented_rule, measure_wgrad_rule, observe_wgrad

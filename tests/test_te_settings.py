@@ -9,9 +9,11 @@ import json
 import pytest
 import torch
 
-from qaudit.run.audit import AuditOptions, audit_files
+from qaudit.run.audit import AuditOptions
+
+from qaudit.commands.check import audit_files
 from qaudit.errors import InputError
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 from qaudit.runtime.reference import GroupedLinear, Linear, autocast, graph_replay
 from qaudit.run.train import attach_grad_buffers, run_backward_dw
 from qaudit.plan.upstream.te import locate_te, te_behaviour
@@ -392,7 +394,7 @@ def test_auto_runtime_picks_reference_for_a_recipe_with_primary_weights(write_ya
 
     path = _recipe_config(write_yaml, primary=True)
     recipe = load_recipe(Path(path).parent / "recipe.yaml")
-    from qaudit.run.audit import load_inputs
+    from qaudit.commands.check import load_inputs
 
     config, _ = load_inputs(path)
     assert reference_only_settings(config, recipe) == ["quant_recipe"]

@@ -168,7 +168,8 @@ def test_a_process_count_that_is_not_the_stage_count_fails_every_rank_with_one_m
 
 def test_full_size_counts_every_process_on_the_machine(write_yaml, monkeypatch):
     """Each torchrun process builds the whole model before keeping its stage."""
-    from qaudit.run.audit import check_full_size_fits, load_inputs
+    from qaudit.run.audit import check_full_size_fits
+    from qaudit.commands.check import load_inputs
     from qaudit.plan.sizes import FULL_SIZE_BYTES_PER_PARAM, model_params
 
     config, _ = load_inputs(write_yaml("pp2.yaml", PIPELINED_MTP))

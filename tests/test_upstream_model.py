@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from qaudit.run.audit import AuditOptions, audit_files, load_inputs
+from qaudit.run.audit import AuditOptions
+
+from qaudit.commands.check import audit_files, load_inputs
 from qaudit.errors import InputError
 from cli_helpers import run_in_process
 

@@ -7,12 +7,14 @@ memory (at the config's real widths), precision and speed.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
+from qaudit.judge.report import Report
 from qaudit.load.config import ModelConfig
 from qaudit.load.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
-from qaudit.plan.sizes import mtp_depth_params
-from qaudit.judge.report import Report
 from qaudit.load.yamlio import YamlMap
+from qaudit.plan.sizes import mtp_depth_params
+from qaudit.run.audit import AuditOptions, effective_policy
 
 # bf16 weight + fp32 main_grad + fp32 master weight + two fp32 Adam moments.
 TRAINING_BYTES_PER_PARAM = 2 + 4 + 4 + 8
@@ -55,9 +57,10 @@ def _recipe_forcing_bf16(recipe: QuantRecipe | None, pattern: str, file: str) ->
     return forced
 
 
-def suggest(config: ModelConfig, recipe: QuantRecipe | None, options, report: Report) -> list[Suggestion]:
-    from qaudit.run.audit import audit_config, effective_policy
-
+def suggest(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
+            report: Report, reaudit: Callable[..., Report]) -> list[Suggestion]:
+    """The remedies for `report`'s errors, each re-audited with `reaudit(config, recipe,
+    options)` (the check command's audit: passed in, so that this module does not import it)."""
     failing = _failing(report)
     if not failing:
         return []
@@ -107,6 +110,6 @@ def suggest(config: ModelConfig, recipe: QuantRecipe | None, options, report: Re
                        "buffer and copy per weight)", "gradient_accumulation_fusion: false"))
     results = []
     for remedy, new_config, new_recipe, new_options, cost, yaml_lines in candidates:
-        errors = audit_config(new_config, new_recipe, new_options).counts().get("error", 0)
+        errors = reaudit(new_config, new_recipe, new_options).counts().get("error", 0)
         results.append(Suggestion(remedy, errors == 0, cost, yaml_lines, errors))
     return results

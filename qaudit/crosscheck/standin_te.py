@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 from qaudit.model.probe import Recorder
 from qaudit.runtime import reference
 

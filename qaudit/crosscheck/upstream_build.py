@@ -27,7 +27,7 @@ from qaudit.crosscheck.environment import fused_wgrad_calls
 from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
 from qaudit.crosscheck.upstream_config import UpstreamInput
 from qaudit.model.probe import CallRecord
-from qaudit.judge.report import accumulation_of, calls_per_microbatch, precision_of
+from qaudit.run.rows import accumulation_of, calls_per_microbatch, precision_of
 from qaudit.run.train import (LEARNING_RATE, attach_grad_buffers, step_gradient,
                           zero_grad_buffer)
 

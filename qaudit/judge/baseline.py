@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from qaudit.load.jsonfile import read_qaudit_json
-from qaudit.render.outputs import check_output_path
+from qaudit.files.outputs import check_output_path
 from qaudit.judge.report import Finding, Report
 
 BASELINE_SCHEMA = "qaudit-baseline/1"

@@ -1,1 +1,34 @@
 """Stage 1, load: input files become a ModelConfig and a QuantRecipe (no torch)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+from qaudit.errors import InputError
+from qaudit.load.config import ModelConfig, load_model_config
+from qaudit.load.recipe import QuantRecipe, load_recipe
+from qaudit.load.sources import load_source_config
+
+
+def load_files(config_path: str, recipe_path: str | None = None,
+                variables: Mapping[str, str] | None = None) -> tuple[ModelConfig, QuantRecipe | None]:
+    """Load the model config and its recipe (`--recipe` wins over `quant_recipe`).
+
+    The config is a bash launch script (`.sh` or a shell shebang), a functional-test YAML with
+    `MODEL_ARGS`, or a TransformerConfig YAML (see `qaudit.load.sources`).
+    """
+    config = load_source_config(Path(config_path), config_path, variables) \
+        or load_model_config(Path(config_path), config_path)
+    if recipe_path is not None:
+        config.quant_recipe = recipe_path
+        return config, load_recipe(Path(recipe_path), recipe_path)
+    if config.quant_recipe is None:
+        return config, None
+    # Relative to the config file, as a user reading the config expects.
+    display = os.path.normpath(os.path.join(os.path.dirname(config_path), config.quant_recipe))
+    if not os.path.isfile(display):  # False (not OSError) for a name too long or with a NUL
+        raise InputError(f"recipe file {display!r} not found (paths are relative to the config file)",
+                         file=config.file, line=config.line_of("quant_recipe"), key="quant_recipe")
+    return config, load_recipe(Path(display), display)

@@ -12,7 +12,7 @@ from qaudit.families.t5 import fields as t5
 from qaudit.errors import InputError
 from qaudit.families.hybrid.pattern import MOE, HybridPattern, parse_pattern
 from qaudit.load.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
-from qaudit.plan.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
+from qaudit.load.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
 from qaudit.load.unmodelled import HYBRID_WITHOUT_PATTERN, note_for_setting
 from qaudit.load.upstream_checks import check_upstream
 from qaudit.load.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
@@ -605,9 +605,6 @@ def _validate(config: ModelConfig) -> None:
     if config.source is not None:
         check_upstream(config, config.source.mapping, fail)
     _check_build_size(config, fail)
-    from qaudit.plan.pipeline import pipeline_layout
-
-    pipeline_layout(config)  # raises InputError on a split Megatron would reject
 
 
 def _validate_te_settings(config: ModelConfig, fail: Callable[[str, str], None]) -> None:

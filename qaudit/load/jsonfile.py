@@ -6,7 +6,7 @@ import json
 import os
 
 from qaudit.errors import InputError
-from qaudit.load.paths import unreadable
+from qaudit.files.paths import unreadable
 from qaudit.load.schema_check import SchemaViolation, check, load_schema
 
 MAX_DIGITS = 100  # integers in our files are counts and line numbers

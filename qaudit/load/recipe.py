@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qaudit.errors import InputError
-from qaudit.plan.precision import FP8_FORMATS, Quant
+from qaudit.load.precision import FP8_FORMATS, Quant
 from qaudit.load.yamlio import Duplicate, YamlMap, did_you_mean, load_yaml, short_repr, type_name
 
 PAYLOAD_TYPE = "TEQuantizationParams"

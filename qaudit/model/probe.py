@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 
 
 @dataclass

@@ -17,7 +17,7 @@ from qaudit.errors import InputError
 from qaudit.plan.graphs import captured_armed, has_skip_flag, is_graphed
 from qaudit.model.session import Session
 from qaudit.plan.execution import resolve_execution
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 from qaudit.load.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
 from qaudit.runtime.reference import WgradPlan, gemm, weight_cache_use
 

@@ -7,7 +7,7 @@ the executed one come from one place (semantics.md §3.3 and §4).
 from __future__ import annotations
 
 from qaudit.load.config import ModelConfig
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 from qaudit.load.recipe import TERecipe
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, TextIO
 
 from qaudit.errors import InputError
-from qaudit.render.outputs import append_file, check_clashes, check_output_path, write_file
+from qaudit.files.outputs import append_file, check_clashes, check_output_path, write_file
 from qaudit.render.defuse import defuse
 from qaudit.judge.report import Report
 
@@ -91,7 +91,7 @@ def terminal_width(stream: TextIO) -> int:
 
 def write_atomic(path: str, text: str) -> None:
     """Write via a temporary file and rename: readers never see half a report (see
-    qaudit.render.outputs: modes, symlinks, FIFOs and devices, signals)."""
+    qaudit.files.outputs: modes, symlinks, FIFOs and devices, signals)."""
     write_file(path, text)
 
 

@@ -1,37 +1,30 @@
-"""load -> build -> run -> judge: one audit, returning a Report."""
+"""Build and run one audit: the model over one runtime, a few training steps, every call
+recorded; what it leaves (`AuditRun`) is the judge's evidence."""
 
 from __future__ import annotations
 
-import os
-import re
 from collections import defaultdict
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from typing import Mapping
+from dataclasses import dataclass
 
 import torch
 
-from qaudit.load.config import ModelConfig, load_model_config
+from qaudit.errors import InputError
+from qaudit.load.config import ModelConfig
+from qaudit.load.recipe import QuantRecipe, import_custom_factory
+from qaudit.model.gpt import GPTModel, build_model
+from qaudit.model.probe import CallRecord
+from qaudit.model.session import Session
+from qaudit.plan.dims import model_dims
+from qaudit.plan.policies import COMPARED_POLICIES, POLICIES, TrackingPolicy
+from qaudit.plan.sizes import FULL_SIZE_BYTES_PER_PARAM, available_memory_bytes, model_params
+from qaudit.plan.upstream.target import MegatronTarget, resolve_megatron
+from qaudit.plan.upstream.te import TETarget, resolve_te
 from qaudit.run.cost import check_run_cost
 from qaudit.run.distributed import World, agreed, all_gather, processes_on_this_machine
-from qaudit.errors import InputError
-from qaudit.plan.dims import model_dims
-from qaudit.model.gpt import GPTModel, build_model
-from qaudit.plan.policies import COMPARED_POLICIES, POLICIES, TrackingPolicy
-from qaudit.model.session import Session
-from qaudit.model.probe import CallRecord
-from qaudit.load.recipe import QuantRecipe, import_custom_factory, load_recipe
-from qaudit.judge.report import (Finding, ModuleRow, Report, accumulation_of, calls_per_microbatch,
-                           precision_of, tracked_of)
-from qaudit.judge.rules import AuditFacts, judge
-from qaudit.runtime import select_runtime
-from qaudit.plan.sizes import FULL_SIZE_BYTES_PER_PARAM, available_memory_bytes, model_params
-from qaudit.load.sources import load_source_config
+from qaudit.run.evidence import AuditFacts
+from qaudit.run.rows import ModuleRow, accumulation_of, calls_per_microbatch, precision_of, tracked_of
 from qaudit.run.train import run_evaluation, run_training
-from qaudit.plan.upstream.target import MegatronTarget, check_config_runs_on, resolve_megatron
-from qaudit.plan.upstream.te import TETarget, resolve_te
-
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+from qaudit.runtime import select_runtime
 
 
 @dataclass(frozen=True)
@@ -75,42 +68,6 @@ class AuditRun:
     rows: list[ModuleRow]
     facts: AuditFacts
     snapshot: dict[str, torch.Tensor] | None
-
-
-def load_inputs(config_path: str, recipe_path: str | None = None,
-                variables: Mapping[str, str] | None = None) -> tuple[ModelConfig, QuantRecipe | None]:
-    """Load the model config and its recipe (`--recipe` wins over `quant_recipe`).
-
-    The config is a bash launch script (`.sh` or a shell shebang), a functional-test YAML with
-    `MODEL_ARGS`, or a TransformerConfig YAML (see `qaudit.load.sources`).
-    """
-    config = load_source_config(Path(config_path), config_path, variables) \
-        or load_model_config(Path(config_path), config_path)
-    if recipe_path is not None:
-        config.quant_recipe = recipe_path
-        return config, load_recipe(Path(recipe_path), recipe_path)
-    if config.quant_recipe is None:
-        return config, None
-    # Relative to the config file, as a user reading the config expects.
-    display = os.path.normpath(os.path.join(os.path.dirname(config_path), config.quant_recipe))
-    if not os.path.isfile(display):  # False (not OSError) for a name too long or with a NUL
-        raise InputError(f"recipe file {display!r} not found (paths are relative to the config file)",
-                         file=config.file, line=config.line_of("quant_recipe"), key="quant_recipe")
-    return config, load_recipe(Path(display), display)
-
-
-def audit_files(config_path: str, recipe_path: str | None = None,
-                options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
-    config, recipe = agreed(options.world,
-                            lambda: load_inputs(config_path, recipe_path, dict(options.variables)))
-    options = replace(options, megatron=megatron_target(options),  # once, for every re-audit
-                      te=te_target(options))
-    report = audit_config(config, recipe, options)
-    if suggest:
-        from qaudit.commands.suggest import suggest as find_remedies
-
-        report.suggestions = [asdict(s) for s in find_remedies(config, recipe, options, report)]
-    return report
 
 
 def megatron_target(options: AuditOptions) -> MegatronTarget:
@@ -339,119 +296,3 @@ def check_full_size_fits(config: ModelConfig, processes_here: int = 1) -> None:
                          f"{available / 2**30:.1f} GiB is available; audit the shrunk model "
                          "(the default: same layers, experts and MTP depths) or use a bigger "
                          "machine", file=config.file)
-
-
-def _sorted_findings(findings: list[Finding], rows: list[ModuleRow]) -> list[Finding]:
-    order = {row.name: i for i, row in enumerate(rows)}
-    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.rule,
-                                           order.get(f.module, -1), f.file or "", f.line or 0,
-                                           f.message))
-
-
-def _with_verdicts(rows: list[ModuleRow], findings: list[Finding]) -> list[ModuleRow]:
-    verdicts: dict[str, list[str]] = defaultdict(list)
-    for finding in findings:
-        if finding.module and finding.severity != "info" and finding.rule not in verdicts[finding.module]:
-            verdicts[finding.module].append(finding.rule)
-    return [replace(row, verdict=",".join(verdicts[row.name]) or "ok") for row in rows]
-
-
-def module_group(name: str) -> str:
-    """Collapse layer and expert indices: one group per module kind and block."""
-    return re.sub(r"\.(layers|local_experts)\.\d+\.", r".\1.*.", name)
-
-
-def group_verdicts(rows: list[ModuleRow]) -> dict[str, str]:
-    groups: dict[str, set[str]] = {}
-    for row in rows:
-        rules = groups.setdefault(module_group(row.name), set())
-        if row.verdict != "ok":
-            rules.update(row.verdict.split(","))
-    return {group: ",".join(sorted(rules)) or "ok" for group, rules in groups.items()}
-
-
-def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
-                 options: AuditOptions = AuditOptions()) -> Report:
-    if options.policy is not None and options.policy not in POLICIES:
-        raise ValueError(f"unknown policy {options.policy!r}")
-    target = megatron_target(options)
-    check_config_runs_on(config, target)
-    te = te_target(options)
-    check_config_runs_on_te(config, te)
-    options = replace(options, megatron=target, te=te)
-    # The shrunk model's tensors are tiny: extra intra-op threads only add synchronisation,
-    # and spin badly when the machine is busy.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(threads if options.full_size else 1)
-    try:
-        return _audit_config(config, recipe, options)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions) -> Report:
-    job = None
-    if options.cross_check:
-        from qaudit.crosscheck import CrossCheckJob, require_megatron
-
-        # exit 2 before any work when there is none; the upstream side starts now, beside
-        # the audit's own build and run
-        job = CrossCheckJob(config, recipe, options, require_megatron())
-    try:
-        run = run_audit(config, recipe, options)
-    except BaseException:
-        if job is not None:
-            job.cancel()
-        raise
-    if job is not None:
-        run.facts.cross_check = job.result(run)
-    findings = judge(run.facts)
-    rows = run.rows
-    if options.verify and not options.evaluation:
-        from qaudit.judge.verify import verify_run
-
-        rows, findings = verify_run(run, options, findings)
-    findings = _sorted_findings(findings, rows)
-    rows = _with_verdicts(rows, findings)
-    report = Report(runtime=run.session.runtime.description, policy=run.facts.policy.name,
-                    config=config.file or "<memory>", recipe=recipe.file if recipe else None,
-                    steps=options.steps, microbatches=options.microbatches,
-                    modules=rows, findings=findings,
-                    megatron=megatron_target(options).to_dict(), te=te_target(options).to_dict())
-    if run.facts.cross_check is not None:
-        report.cross_check = run.facts.cross_check.to_dict()
-    if options.compare_policies:
-        report.policies = compare_policies(config, recipe, options, rows)
-    if options.rank is not None:
-        _keep_stage(report, config, options.rank)
-    return report
-
-
-def _keep_stage(report: Report, config: ModelConfig, stage: int) -> None:
-    """--rank N: the modules of pipeline stage N, and the findings about them or about no module."""
-    stages = config.pipeline_model_parallel_size
-    if not 0 <= stage < stages:
-        raise InputError(f"--rank {stage}: the model has pipeline stages 0..{stages - 1}",
-                         file=config.file, line=config.line_of("pipeline_model_parallel_size"))
-    report.modules = [row for row in report.modules if row.stage == stage]
-    kept = {row.name for row in report.modules}
-    report.findings = [f for f in report.findings if f.module is None or f.module in kept]
-
-
-def compare_policies(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
-                     current_rows: list[ModuleRow]) -> dict[str, dict[str, str]]:
-    """Per module group, the verdict under each upstream tracking behaviour."""
-    plain = replace(options, verify=False, compare_policies=False)
-    run_policy = effective_policy(options)
-    # The audited run's rows stand for a column only when its behaviour is exactly that one.
-    run_policy_name = run_policy.name if run_policy == POLICIES.get(run_policy.name) else None
-    per_policy = {}
-    for name in COMPARED_POLICIES:
-        if name == run_policy_name:
-            rows = current_rows
-        else:
-            run = run_audit(config, recipe, plain, policy_name=name)
-            rows = _with_verdicts(run.rows, judge(run.facts))
-        per_policy[name] = group_verdicts(rows)
-    groups = list(per_policy[COMPARED_POLICIES[0]])
-    return {group: {name: per_policy[name][group] for name in COMPARED_POLICIES} for group in groups}

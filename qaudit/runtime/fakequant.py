@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 
 E4M3_MAX = 448.0
 E5M2_MAX = 57344.0

@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 from qaudit.runtime.fakequant import fake_quantize
 
 WgradListener = Callable[[str], None]

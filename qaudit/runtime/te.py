@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from qaudit.errors import EnvironmentProblem
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 from qaudit.runtime.wgrad import (WgradRule, documented_rule, measure_wgrad_rule,
                                   observe_wgrad, rule_differences)
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from qaudit.families.hybrid.pattern import ATTENTION, MAMBA, MLP as MLP_SYMBOL, MOE
 from qaudit.model.layers import MLP, Builder, MoELayer, SelfAttention
 from qaudit.model.recompute import checkpointed
-from qaudit.plan.precision import Quant
+from qaudit.load.precision import Quant
 
 
 class MambaMixer(torch.nn.Module):

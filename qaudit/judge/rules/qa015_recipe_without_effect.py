@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from qaudit.plan.precision import precision_label
+from qaudit.load.precision import precision_label
 from qaudit.judge.report import Finding
 from qaudit.judge.rules import AuditFacts, rule
 

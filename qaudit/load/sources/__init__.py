@@ -73,7 +73,7 @@ def _first_line(path: Path) -> str:
 def _resolve_recipe(mapping, path: Path, display: str) -> None:
     """--te-precision-config-file is opened by Megatron relative to its working directory;
     qaudit tries the directory it runs in, then the file's own directory, and stores the
-    path relative to the file (as `load_inputs` expects of `quant_recipe`)."""
+    path relative to the file (as `load_files` expects of `quant_recipe`)."""
     recipe = mapping.get("quant_recipe")
     if not isinstance(recipe, str):
         return

@@ -26,7 +26,7 @@ import tempfile
 from typing import Iterator
 
 from qaudit.errors import InputError
-from qaudit.load.paths import kind_of, stat_problem
+from qaudit.files.paths import kind_of, stat_problem
 
 _WRITABLE_SPECIAL = (stat.S_IFIFO, stat.S_IFCHR)
 _DEFERRED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")

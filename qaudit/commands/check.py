@@ -1,0 +1,165 @@
+"""`qaudit check`: load -> plan -> build and run -> judge, returning a Report."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import asdict, replace
+from typing import Mapping
+
+import torch
+
+from qaudit.errors import InputError
+from qaudit.judge.report import Finding, ModuleRow, Report
+from qaudit.judge.rules import judge
+from qaudit.load import load_files
+from qaudit.load.config import ModelConfig
+from qaudit.load.recipe import QuantRecipe
+from qaudit.plan import check_plan
+from qaudit.plan.policies import COMPARED_POLICIES, POLICIES
+from qaudit.plan.upstream.target import check_config_runs_on
+from qaudit.run.audit import (AuditOptions, check_config_runs_on_te, effective_policy,
+                              megatron_target, run_audit, te_target)
+from qaudit.run.distributed import agreed
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+def load_inputs(config_path: str, recipe_path: str | None = None,
+                variables: Mapping[str, str] | None = None) -> tuple[ModelConfig, QuantRecipe | None]:
+    """The inputs, loaded (qaudit/load) and checked against what the plan needs (a pipeline
+    split Megatron would reject is refused here)."""
+    config, recipe = load_files(config_path, recipe_path, variables)
+    check_plan(config)
+    return config, recipe
+
+
+def audit_files(config_path: str, recipe_path: str | None = None,
+                options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
+    config, recipe = agreed(options.world,
+                            lambda: load_inputs(config_path, recipe_path, dict(options.variables)))
+    options = replace(options, megatron=megatron_target(options),  # once, for every re-audit
+                      te=te_target(options))
+    report = audit_config(config, recipe, options)
+    if suggest:
+        from qaudit.commands.suggest import suggest as find_remedies
+
+        report.suggestions = [asdict(s) for s in find_remedies(config, recipe, options, report,
+                                                                   reaudit=audit_config)]
+    return report
+
+
+def _sorted_findings(findings: list[Finding], rows: list[ModuleRow]) -> list[Finding]:
+    order = {row.name: i for i, row in enumerate(rows)}
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], f.rule,
+                                           order.get(f.module, -1), f.file or "", f.line or 0,
+                                           f.message))
+
+
+def _with_verdicts(rows: list[ModuleRow], findings: list[Finding]) -> list[ModuleRow]:
+    verdicts: dict[str, list[str]] = defaultdict(list)
+    for finding in findings:
+        if finding.module and finding.severity != "info" and finding.rule not in verdicts[finding.module]:
+            verdicts[finding.module].append(finding.rule)
+    return [replace(row, verdict=",".join(verdicts[row.name]) or "ok") for row in rows]
+
+
+def module_group(name: str) -> str:
+    """Collapse layer and expert indices: one group per module kind and block."""
+    return re.sub(r"\.(layers|local_experts)\.\d+\.", r".\1.*.", name)
+
+
+def group_verdicts(rows: list[ModuleRow]) -> dict[str, str]:
+    groups: dict[str, set[str]] = {}
+    for row in rows:
+        rules = groups.setdefault(module_group(row.name), set())
+        if row.verdict != "ok":
+            rules.update(row.verdict.split(","))
+    return {group: ",".join(sorted(rules)) or "ok" for group, rules in groups.items()}
+
+
+def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
+                 options: AuditOptions = AuditOptions()) -> Report:
+    if options.policy is not None and options.policy not in POLICIES:
+        raise ValueError(f"unknown policy {options.policy!r}")
+    target = megatron_target(options)
+    check_config_runs_on(config, target)
+    te = te_target(options)
+    check_config_runs_on_te(config, te)
+    options = replace(options, megatron=target, te=te)
+    # The shrunk model's tensors are tiny: extra intra-op threads only add synchronisation,
+    # and spin badly when the machine is busy.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads if options.full_size else 1)
+    try:
+        return _audit_config(config, recipe, options)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions) -> Report:
+    job = None
+    if options.cross_check:
+        from qaudit.crosscheck import CrossCheckJob, require_megatron
+
+        # exit 2 before any work when there is none; the upstream side starts now, beside
+        # the audit's own build and run
+        job = CrossCheckJob(config, recipe, options, require_megatron())
+    try:
+        run = run_audit(config, recipe, options)
+    except BaseException:
+        if job is not None:
+            job.cancel()
+        raise
+    if job is not None:
+        run.facts.cross_check = job.result(run)
+    findings = judge(run.facts)
+    rows = run.rows
+    if options.verify and not options.evaluation:
+        from qaudit.judge.verify import verify_run
+
+        rows, findings = verify_run(run, options, findings)
+    findings = _sorted_findings(findings, rows)
+    rows = _with_verdicts(rows, findings)
+    report = Report(runtime=run.session.runtime.description, policy=run.facts.policy.name,
+                    config=config.file or "<memory>", recipe=recipe.file if recipe else None,
+                    steps=options.steps, microbatches=options.microbatches,
+                    modules=rows, findings=findings,
+                    megatron=megatron_target(options).to_dict(), te=te_target(options).to_dict())
+    if run.facts.cross_check is not None:
+        report.cross_check = run.facts.cross_check.to_dict()
+    if options.compare_policies:
+        report.policies = compare_policies(config, recipe, options, rows)
+    if options.rank is not None:
+        _keep_stage(report, config, options.rank)
+    return report
+
+
+def _keep_stage(report: Report, config: ModelConfig, stage: int) -> None:
+    """--rank N: the modules of pipeline stage N, and the findings about them or about no module."""
+    stages = config.pipeline_model_parallel_size
+    if not 0 <= stage < stages:
+        raise InputError(f"--rank {stage}: the model has pipeline stages 0..{stages - 1}",
+                         file=config.file, line=config.line_of("pipeline_model_parallel_size"))
+    report.modules = [row for row in report.modules if row.stage == stage]
+    kept = {row.name for row in report.modules}
+    report.findings = [f for f in report.findings if f.module is None or f.module in kept]
+
+
+def compare_policies(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
+                     current_rows: list[ModuleRow]) -> dict[str, dict[str, str]]:
+    """Per module group, the verdict under each upstream tracking behaviour."""
+    plain = replace(options, verify=False, compare_policies=False)
+    run_policy = effective_policy(options)
+    # The audited run's rows stand for a column only when its behaviour is exactly that one.
+    run_policy_name = run_policy.name if run_policy == POLICIES.get(run_policy.name) else None
+    per_policy = {}
+    for name in COMPARED_POLICIES:
+        if name == run_policy_name:
+            rows = current_rows
+        else:
+            run = run_audit(config, recipe, plain, policy_name=name)
+            rows = _with_verdicts(run.rows, judge(run.facts))
+        per_policy[name] = group_verdicts(rows)
+    groups = list(per_policy[COMPARED_POLICIES[0]])
+    return {group: {name: per_policy[name][group] for name in COMPARED_POLICIES} for group in groups}

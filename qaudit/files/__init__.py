@@ -1,0 +1,1 @@
+"""Files named on the command line: what a path is, and writing outputs without destroying anything (used by every stage)."""

@@ -1,0 +1,67 @@
+"""One row per audited module: what its calls did, summarised from the probes' records."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from qaudit.errors import printable
+from qaudit.load.precision import precision_label
+from qaudit.model.probe import CallRecord
+
+
+@dataclass
+class ModuleRow:
+    name: str
+    type: str
+    precision: str
+    recipe: str
+    tracked: str
+    accumulation: str
+    calls_per_microbatch: int
+    nograd_calls_per_microbatch: int
+    verdict: str = "ok"
+    # Relative error of main_grad against an unfused float64 reference (--verify only).
+    grad_rel_error: float | None = None
+    stage: int = 0  # pipeline stage and virtual model chunk holding the module
+    chunk: int = 0
+
+    def __post_init__(self) -> None:
+        self.recipe = printable(self.recipe)  # a config name from the recipe file
+
+
+def calls_per_microbatch(records: list[CallRecord], grad: bool) -> int:
+    per_mb = Counter((r.step, r.microbatch) for r in records if r.grad == grad)
+    return max(per_mb.values(), default=0)
+
+
+def precision_of(records: list[CallRecord]) -> str:
+    grad_records = [r for r in records if r.grad] or records
+    labels = sorted({precision_label(r.quant) for r in grad_records})
+    return "+".join(labels) if labels else "-"
+
+
+def tracked_of(records: list[CallRecord], is_te: bool, rearmed: bool) -> str:
+    """yes: re-armed each step; stale: only true after construction; no: always None;
+    graph: inside a per-layer CUDA graph (qaudit/plan/graphs.py)."""
+    if not is_te:
+        return "-"
+    if any(r.graph for r in records):
+        return "graph"  # replayed from a CUDA graph: the capture fixed what TE sees
+    if all(r.flag is None for r in records):
+        return "no"
+    return "yes" if rearmed else "stale"
+
+
+def accumulation_of(records: list[CallRecord]) -> str:
+    decisions = [r.decision for r in records if r.grad and r.decision]
+    if not decisions:
+        return "-"
+    if all(d == "autograd" for d in decisions):
+        return "autograd"
+    # Overwrites that the flag does not explain come from overwrite_main_grad.
+    if any(r.decision == "overwrite" and r.flag is not True for r in records if r.grad):
+        return "overwrite-always"
+    if any(r.decision == "overwrite" and r.microbatch == 0 for r in records):
+        return "overwrite-first"
+    return "accumulate"
