@@ -6,7 +6,7 @@ model-init context, recipe classes, FP8GlobalStateManager), in two flavours, `ne
 `fp8_autocast(fp8_recipe=)`, `fp8_model_init`, `pytorch.fp8`, DelayedScaling only).
 
 What it is not: Transformer Engine. Its modules are qaudit's reference modules (TE's wgrad
-rule as semantics.md states it), they execute in high precision whatever the autocast says,
+rule as docs/semantics.md states it), they execute in high precision whatever the autocast says,
 and they never call `wgrad_listener`, as real TE modules do not. Tests using it check qaudit's
 mapping, feature detection and probe plumbing; only tests/test_gpu.py checks TE itself.
 """

@@ -79,7 +79,7 @@ def recipe_error(write_yaml, text: str) -> tuple[str, InputError]:
 
 
 def bind_error(write_yaml, text: str, fqn: str = QKV) -> tuple[str, InputError]:
-    """Payload errors surface when a module binds its matcher's config (semantics.md §3.4)."""
+    """Payload errors surface when a module binds its matcher's config (docs/semantics.md §3.4)."""
     config, path = write_yaml("cfg.yaml", BASE), write_yaml("recipe.yaml", text)
     _, recipe = load_inputs(config, path)  # loads: an unbound payload is not checked yet
     assert isinstance(recipe, QuantRecipe)

@@ -47,14 +47,14 @@ def ids(path: str) -> str:
 @needs_te
 def test_te_wgrad_rule_is_the_documented_one():
     """What TE's Linear, LayerNormLinear and GroupedLinear did to main_grad, measured, equals
-    semantics.md §1.2-1.3 (accumulate = fuse and not flag; None follows fuse;
+    docs/semantics.md §1.2-1.3 (accumulate = fuse and not flag; None follows fuse;
     overwrite_main_grad overwrites) for every combination."""
     from qaudit.runtime.te import TERuntime
 
     runtime = TERuntime()
     found = runtime.wgrad_rule_differences()
     major, minor = (int(part) for part in runtime.api.version.split(".")[:2])
-    if (major, minor) < (2, 9):  # overwrite_main_grad arrived in TE 2.9 (semantics.md §1.3)
+    if (major, minor) < (2, 9):  # overwrite_main_grad arrived in TE 2.9 (docs/semantics.md §1.3)
         found = {k: [d for d in v if "overwrite_main_grad=True" not in d] for k, v in found.items()}
     assert found == {k: [] for k in ("linear", "layernorm_linear", "grouped_linear")}
 

@@ -1,4 +1,4 @@
-"""Ambient precision (semantics.md §4) and the recipe decision (§3.3)."""
+"""Ambient precision (docs/semantics.md §4) and the recipe decision (§3.3)."""
 
 from __future__ import annotations
 

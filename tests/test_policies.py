@@ -1,4 +1,4 @@
-"""Tracking policies (semantics.md §2.3) and PR #7353's contract (§2.4)."""
+"""Tracking policies (docs/semantics.md §2.3) and PR #7353's contract (§2.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Recipe matching semantics (semantics.md §3.1) on the §3.6 example."""
+"""Recipe matching semantics (docs/semantics.md §3.1) on the §3.6 example."""
 
 from __future__ import annotations
 

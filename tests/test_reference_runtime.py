@@ -1,4 +1,4 @@
-"""The reference runtime reproduces TE's semantics (semantics.md §1), one rule per test."""
+"""The reference runtime reproduces TE's semantics (docs/semantics.md §1), one rule per test."""
 
 from __future__ import annotations
 

@@ -236,12 +236,12 @@ def main(argv: list[str] | None = None) -> int:
                              for k, v in runtime.wgrad_rule(kind).items()} for kind in MODULE_KINDS},
             "differences": diffs}
         lines = [f"{kind}: {line}" for kind, found in diffs.items() for line in found]
-        # overwrite_main_grad exists since TE 2.9 (semantics.md §1.3): an older TE ignoring it
+        # overwrite_main_grad exists since TE 2.9 (docs/semantics.md §1.3): an older TE ignoring it
         # is expected, and only matters for Megatron-FSDP configs; reported, not a failure.
         bad = [line for line in lines if "overwrite_main_grad=True" not in line]
         print("TE wgrad rule, measured on Linear/LayerNormLinear/GroupedLinear: "
-              + ("as documented (semantics.md §1.2-1.3)" if not lines else
-                 "DIFFERS from semantics.md" if bad else
+              + ("as documented (docs/semantics.md §1.2-1.3)" if not lines else
+                 "DIFFERS from docs/semantics.md" if bad else
                  "as documented, except overwrite_main_grad (honoured by TE 2.9+ only)"))
         for line in lines:
             print(f"  {line}")

@@ -83,7 +83,7 @@ class ModelConfig:
     # it holds; sets the virtual pipeline size (qaudit/load/pp_layout.py).
     pipeline_model_parallel_layout: str | list | None = None
     # Megatron-FSDP (DDP config, not TransformerConfig): optim_grads* sharding sets
-    # overwrite_main_grad on the weights (semantics.md §1.3).
+    # overwrite_main_grad on the weights (docs/semantics.md §1.3).
     use_megatron_fsdp: bool = False
     data_parallel_sharding_strategy: str = "no_shard"
     # Hybrid (Mamba) models: HybridModel's constructor arguments (the pattern replaces the

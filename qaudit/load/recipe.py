@@ -1,4 +1,4 @@
-"""Quant recipe files: Megatron's `--te-precision-config-file` format (semantics.md §3).
+"""Quant recipe files: Megatron's `--te-precision-config-file` format (docs/semantics.md §3).
 
 `configs` maps a name to a `TEQuantizationParams` payload; `matchers` is an ordered mapping of
 glob matchers. Upstream checks matchers when the file is loaded and a payload only once a module

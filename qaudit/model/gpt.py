@@ -3,7 +3,7 @@
 A hybrid model (HybridModel upstream) has the same tree: its decoder and MTP layers come from
 the pattern (`hybrid_layers`), and its output layer is always Megatron's own.
 
-Ambient precision is opened where Megatron opens it (semantics.md §4): per decoder layer, per
+Ambient precision is opened where Megatron opens it (docs/semantics.md §4): per decoder layer, per
 MTP layer, around a TE output layer. The MTP block and the output layer run once per depth,
 in upstream order: MTP depths first, then the output layer for each depth, then the main logits.
 """
@@ -124,7 +124,7 @@ class GPTModel(LanguageModel):
                                                        own_weight=not tied_here)
         if config.share_embeddings_and_output_weights and not is_pipelined(config):
             # Megatron marks the tied weight so that DDP adds the embedding's own gradient
-            # beside what the fused output-layer wgrad wrote (semantics.md §1.3).
+            # beside what the fused output-layer wgrad wrote (docs/semantics.md §1.3).
             self.embedding.word_embeddings.weight.zero_out_wgrad = True
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""One transformer layer with Megatron's module names (semantics.md §5).
+"""One transformer layer with Megatron's module names (docs/semantics.md §5).
 
 Only the linear layers are audited; attention math, routing and activations are plain torch
 so that the calls and gradients flowing through the TE modules are realistic.

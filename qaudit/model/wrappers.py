@@ -1,4 +1,4 @@
-"""Megatron's TE wrapper classes (semantics.md §2.1), over any runtime's modules.
+"""Megatron's TE wrapper classes (docs/semantics.md §2.1), over any runtime's modules.
 
 Each wrapper starts armed (`is_first_microbatch = True`), asks the tracking policy what to
 pass, opens its own recipe context, calls the runtime module and then disarms itself: the

@@ -1,7 +1,7 @@
 """Pure precision planning: ambient context per module group, then the recipe's decision.
 
 No torch here: the model builder and wrappers call these functions, so the planned answer and
-the executed one come from one place (semantics.md §3.3 and §4).
+the executed one come from one place (docs/semantics.md §3.3 and §4).
 """
 
 from __future__ import annotations

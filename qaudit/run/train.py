@@ -3,7 +3,7 @@
 Each step zeroes the gradient buffers, re-arms the flags at the first microbatch (through the
 policy), runs forward and backward per microbatch, then updates the weights from `main_grad`.
 Every parameter carries a `main_grad` buffer and `grad_added_to_main_grad`, and a hook adds
-autograd gradients into `main_grad` as Megatron's DDP does (semantics.md §1.3). With delayed
+autograd gradients into `main_grad` as Megatron's DDP does (docs/semantics.md §1.3). With delayed
 weight gradients the hook is the module's wgrad hook, run by `backward_dw`, and every queued
 GEMM runs after the microbatch's backward; `--freeze-all-layers` trains forward-only
 (docs/te-settings.md).

@@ -1,4 +1,4 @@
-"""Runtimes: the one seam between CPU and GPU (design.md): `reference` (pure PyTorch, CPU or
+"""Runtimes: the one seam between CPU and GPU (docs/design.md): `reference` (pure PyTorch, CPU or
 CUDA) and `te` (Transformer Engine, CUDA; qaudit/runtime/te.py, imported only when chosen)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The `reference` runtime: pure-PyTorch modules with TE's interface and TE's semantics.
 
-An executable specification of semantics.md §1, not a mock:
+An executable specification of docs/semantics.md §1, not a mock:
 - weight workspace (§1.1): with quantized execution, `is_first_microbatch` None quantizes
   afresh and keeps nothing, True (re)quantizes into the cache, False reuses the cache as is;
   a workspace that no longer fits the active recipe is rebuilt;
@@ -275,7 +275,7 @@ class _ReferenceModule(torch.nn.Module):
 
     def _compute_weight(self, weight: torch.Tensor, quant: Quant | None,
                         is_first_microbatch: bool | None) -> torch.Tensor:
-        """The weight as the GEMM sees it (semantics.md §1.1, TE module/base.py
+        """The weight as the GEMM sees it (docs/semantics.md §1.1, TE module/base.py
         `quantize_weight`)."""
         if quant is None:
             return weight.detach()
@@ -384,7 +384,7 @@ class GroupedLinear(_ReferenceModule):
 
 
 class ReferenceRuntime:
-    """The runtime seam (design.md): module factories plus the autocast state.
+    """The runtime seam (docs/design.md): module factories plus the autocast state.
 
     `reads_overwrite_main_grad`: whether the TE version audited for has `overwrite_main_grad`
     (v2.9+, qaudit/plan/upstream/te.py)."""

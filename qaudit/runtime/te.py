@@ -1,4 +1,4 @@
-"""The `te` runtime: real Transformer Engine modules and recipes on CUDA (design.md).
+"""The `te` runtime: real Transformer Engine modules and recipes on CUDA (docs/design.md).
 
 Thin on purpose. It builds `transformer_engine.pytorch` `Linear`, `LayerNormLinear` and
 `GroupedLinear` with `fuse_wgrad_accumulation`, maps qaudit's `Quant` to TE's own recipe
@@ -277,7 +277,7 @@ def _probed_classes(te_pytorch: Any) -> dict[str, type]:
 
 
 class TERuntime:
-    """The runtime seam (design.md) over Transformer Engine."""
+    """The runtime seam (docs/design.md) over Transformer Engine."""
 
     name = "te"
 
@@ -351,7 +351,7 @@ class TERuntime:
         return rule
 
     def wgrad_rule_differences(self) -> dict[str, list[str]]:
-        """Per module kind: where measured TE behaviour differs from semantics.md (none expected)."""
+        """Per module kind: where measured TE behaviour differs from docs/semantics.md (none expected)."""
         expected = documented_rule()
         return {kind: rule_differences(self.wgrad_rule(kind), expected) for kind in MODULE_KINDS}
 

@@ -8,11 +8,11 @@ two runtime-independent pieces from here:
   before and after each backward, for every (fusion, `is_first_microbatch`,
   `overwrite_main_grad`) combination. The answer is what the installed library *does*
   (accumulate, overwrite, or leave `main_grad` alone and return an autograd `.grad`), not
-  what semantics.md says it should do; `documented_rule` is the latter, for comparison.
+  what docs/semantics.md says it should do; `documented_rule` is the latter, for comparison.
 - `observe_wgrad`: an identity autograd Function placed on a module's output. Its backward
   runs immediately before the module's own backward and reports the decision that the
   measured rule gives for the flag, fusion and `overwrite_main_grad` seen at forward (TE
-  saves exactly these at forward, semantics.md §1.2-1.3).
+  saves exactly these at forward, docs/semantics.md §1.2-1.3).
 
 Why not read `main_grad` around every real backward instead: that needs a copy of every
 weight's `main_grad` per call, and telling "overwrite" from "accumulate" on a buffer that
@@ -41,7 +41,7 @@ RULE_KEYS: tuple[RuleKey, ...] = tuple(itertools.product((True, False), FLAGS, (
 
 
 def documented_rule() -> WgradRule:
-    """semantics.md §1.2-1.3, as the reference runtime implements it."""
+    """docs/semantics.md §1.2-1.3, as the reference runtime implements it."""
     return {key: wgrad_plan(*key).decision for key in RULE_KEYS}
 
 

@@ -34,7 +34,7 @@ class T5Model(LanguageModel):
         self.lm_head.output_layer = w.ColumnParallelLinear(dims.hidden, dims.vocab, config,
                                                            session, own_weight=not tied)
         if tied:
-            # One stage holds both uses of the weight: Megatron marks it (semantics.md §1.3).
+            # One stage holds both uses of the weight: Megatron marks it (docs/semantics.md §1.3).
             self.embedding.word_embeddings.weight.zero_out_wgrad = True
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
