@@ -13,7 +13,7 @@ from qaudit import __version__
 from qaudit.errors import EnvironmentProblem, InputError
 
 if TYPE_CHECKING:
-    from qaudit.run.audit import AuditOptions
+    from qaudit.run.options import AuditOptions
 
 EXIT_USAGE, EXIT_INTERNAL = 2, 3
 
@@ -143,7 +143,7 @@ def check(
     Under `torchrun --nproc-per-node P --no-python qaudit check ...` each process runs one
     pipeline stage; rank 0 prints the merged report and every rank exits with the same code."""
     from qaudit.run import distributed
-    from qaudit.run.audit import AuditOptions
+    from qaudit.run.options import AuditOptions
 
     try:
         world = distributed.world_from_environment()
@@ -174,7 +174,7 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
     """`check` once options are known: the exit code, after printing (when `speaks`)."""
     from dataclasses import replace
 
-    from qaudit.commands.check import audit_files
+    from qaudit.commands.inputs import load_inputs
     from qaudit.judge.baseline import prepare_baseline
     from qaudit.files.outputs import check_clashes
     from qaudit.render import emit, parse_outputs
@@ -202,7 +202,16 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
         return failed("error: --verify replays the whole model in one process; run it without "
                       "torchrun", EXIT_USAGE)
     try:
-        report = audit_files(config, recipe, options, suggest=suggest_fixes)
+        # Inputs load before torch is imported: a bad file is refused at once. Under torchrun
+        # the ranks agree on the loading outcome inside audit_files.
+        if options.world is None:
+            inputs_loaded = load_inputs(config, recipe, dict(options.variables))
+        from qaudit.commands.check import audit_files, audit_inputs
+
+        if options.world is None:
+            report = audit_inputs(*inputs_loaded, options, suggest=suggest_fixes)
+        else:
+            report = audit_files(config, recipe, options, suggest=suggest_fixes)
     except InputError as exc:
         return failed(f"error: {exc}", EXIT_USAGE)
     except EnvironmentProblem as exc:
@@ -293,7 +302,7 @@ def diff(
                                           "audit's estimated time is over 10 minutes."),
 ) -> None:
     """Audit BASE and HEAD; show only what changes. Exit 1 when HEAD introduces an error."""
-    from qaudit.run.audit import AuditOptions
+    from qaudit.run.options import AuditOptions
     from qaudit.commands.diff import emit_diff, load_side
     from qaudit.judge.diff import diff_reports
     from qaudit.files.outputs import check_clashes

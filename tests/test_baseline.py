@@ -126,7 +126,7 @@ def test_cli_bad_baseline_exits_2_before_auditing(tmp_path, monkeypatch, capsys)
     def never(*args, **kwargs):
         raise AssertionError("audited despite a bad baseline")
 
-    monkeypatch.setattr("qaudit.commands.check.audit_files", never)
+    monkeypatch.setattr("qaudit.commands.check.audit_inputs", never)
     monkeypatch.chdir(REPO)
     (tmp_path / "b.json").write_text("[]")
     code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",

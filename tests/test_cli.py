@@ -77,7 +77,7 @@ def test_internal_error_exits_3_without_report(monkeypatch, capsys):
     def explode(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("qaudit.commands.check.audit_files", explode)
+    monkeypatch.setattr("qaudit.commands.check.audit_inputs", explode)
     code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml")
     assert code == 3 and out == ""
     assert "internal error: RuntimeError: boom" in err and "Traceback" not in err

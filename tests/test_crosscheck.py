@@ -63,7 +63,8 @@ def test_compare_names_both_sides_of_each_difference():
 
 
 def test_rule_qa030_turns_each_difference_into_an_error(monkeypatch):
-    from qaudit.run.audit import AuditOptions, run_audit
+    from qaudit.run.audit import run_audit
+    from qaudit.run.options import AuditOptions
     from qaudit.commands.check import load_inputs
     from qaudit.crosscheck import CrossCheck
     from qaudit.judge.rules import judge

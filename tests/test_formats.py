@@ -58,9 +58,9 @@ def run_cli(*args: str, env: dict | None = None, cwd: Path = REPO) -> subprocess
 def fake_audit(monkeypatch):
     """`check` returns the golden report of the example instead of running the audit."""
     def use(example: str) -> None:
-        def audit_files(config, recipe=None, options=None, **kwargs):
+        def audit_inputs(config, recipe=None, options=None, **kwargs):
             return golden_report(example)[0]
-        monkeypatch.setattr("qaudit.commands.check.audit_files", audit_files)
+        monkeypatch.setattr("qaudit.commands.check.audit_inputs", audit_inputs)
     return use
 
 
@@ -417,7 +417,7 @@ def test_bad_output_spec_exits_2_before_auditing(monkeypatch, capsys, spec, mess
     def never(*args, **kwargs):
         raise AssertionError("audited despite a bad --output")
 
-    monkeypatch.setattr("qaudit.commands.check.audit_files", never)
+    monkeypatch.setattr("qaudit.commands.check.audit_inputs", never)
     code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
                                     "--output", spec)
     assert (code, out) == (2, "") and message in err and err.count("\n") == 1

@@ -733,7 +733,7 @@ def test_long_runs_are_estimated_and_refused_unless_allowed(tmp_path, monkeypatc
 
 
 def test_estimate_is_close_for_the_default_run(repo_configs):
-    from qaudit.run.audit import AuditOptions
+    from qaudit.run.options import AuditOptions
     from qaudit.commands.check import audit_files
     from qaudit.run.cost import estimate_seconds
     from qaudit.plan.dims import model_dims

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qaudit.run.audit import AuditOptions
+from qaudit.run.options import AuditOptions
 
 from qaudit.commands.check import audit_files, load_inputs
 from qaudit.errors import InputError

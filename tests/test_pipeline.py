@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qaudit.run.audit import AuditOptions
+from qaudit.run.options import AuditOptions
 
 from qaudit.commands.check import audit_files
 from qaudit.load.config import ModelConfig

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_in_process
-from qaudit.run.audit import AuditOptions
+from qaudit.run.options import AuditOptions
 from qaudit.commands.check import audit_files
 from qaudit.errors import InputError
 from qaudit.load.recipe import load_recipe

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from qaudit import cli
-from qaudit.run.audit import AuditOptions
+from qaudit.run.options import AuditOptions
 from qaudit.commands.check import audit_files, load_inputs
 from qaudit.errors import InputError
 from qaudit.load.sources import megatron_flags

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from qaudit.run.audit import AuditOptions
+from qaudit.run.options import AuditOptions
 
 from qaudit.commands.check import audit_files, load_inputs
 from qaudit.plan.sizes import model_params

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fake_te
-from qaudit.run.audit import AuditOptions
+from qaudit.run.options import AuditOptions
 from qaudit.commands.check import audit_files
 from qaudit.errors import EnvironmentProblem
 from qaudit.load.precision import Quant

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from qaudit.run.audit import AuditOptions
+from qaudit.run.options import AuditOptions
 
 from qaudit.commands.check import audit_files
 from qaudit.errors import InputError

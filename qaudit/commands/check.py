@@ -5,39 +5,35 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import asdict, replace
-from typing import Mapping
 
 import torch
 
 from qaudit.errors import InputError
 from qaudit.judge.report import Finding, ModuleRow, Report
 from qaudit.judge.rules import judge
-from qaudit.load import load_files
 from qaudit.load.config import ModelConfig
 from qaudit.load.recipe import QuantRecipe
-from qaudit.plan import check_plan
 from qaudit.plan.policies import COMPARED_POLICIES, POLICIES
 from qaudit.plan.upstream.target import check_config_runs_on
-from qaudit.run.audit import (AuditOptions, check_config_runs_on_te, effective_policy,
-                              megatron_target, run_audit, te_target)
+from qaudit.commands.inputs import load_inputs
+from qaudit.run.audit import (check_config_runs_on_te, effective_policy, megatron_target,
+                              run_audit, te_target)
+from qaudit.run.options import AuditOptions
 from qaudit.run.distributed import agreed
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
-
-
-def load_inputs(config_path: str, recipe_path: str | None = None,
-                variables: Mapping[str, str] | None = None) -> tuple[ModelConfig, QuantRecipe | None]:
-    """The inputs, loaded (qaudit/load) and checked against what the plan needs (a pipeline
-    split Megatron would reject is refused here)."""
-    config, recipe = load_files(config_path, recipe_path, variables)
-    check_plan(config)
-    return config, recipe
 
 
 def audit_files(config_path: str, recipe_path: str | None = None,
                 options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
     config, recipe = agreed(options.world,
                             lambda: load_inputs(config_path, recipe_path, dict(options.variables)))
+    return audit_inputs(config, recipe, options, suggest)
+
+
+def audit_inputs(config: ModelConfig, recipe: QuantRecipe | None,
+                 options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
+    """Audit inputs already loaded (`load_inputs`), with `--suggest`'s remedies when asked."""
     options = replace(options, megatron=megatron_target(options),  # once, for every re-audit
                       te=te_target(options))
     report = audit_config(config, recipe, options)

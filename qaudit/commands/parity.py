@@ -86,7 +86,7 @@ def audit_side(config: str, side: str, *, verify: bool = True, steps: int = 2,
                microbatches: int = 2, policy: str = "config") -> Side:
     """Audit `config` on one side; an EnvironmentProblem (e.g. a recipe this GPU cannot run)
     makes the side unavailable instead of failing."""
-    from qaudit.run.audit import AuditOptions
+    from qaudit.run.options import AuditOptions
     from qaudit.commands.check import audit_files
 
     runtime, device = SIDES[side]

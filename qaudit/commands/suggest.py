@@ -14,7 +14,8 @@ from qaudit.load.config import ModelConfig
 from qaudit.load.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
 from qaudit.load.yamlio import YamlMap
 from qaudit.plan.sizes import mtp_depth_params
-from qaudit.run.audit import AuditOptions, effective_policy
+from qaudit.run.audit import effective_policy
+from qaudit.run.options import AuditOptions
 
 # bf16 weight + fp32 main_grad + fp32 master weight + two fp32 Adam moments.
 TRAINING_BYTES_PER_PARAM = 2 + 4 + 4 + 8

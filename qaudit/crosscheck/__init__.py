@@ -19,7 +19,8 @@ from qaudit.errors import EnvironmentProblem, InputError
 from qaudit.plan.upstream.detect import MegatronLocation, locate_megatron
 
 if TYPE_CHECKING:
-    from qaudit.run.audit import AuditOptions, AuditRun
+    from qaudit.run.audit import AuditRun
+    from qaudit.run.options import AuditOptions
     from qaudit.load.config import ModelConfig
     from qaudit.load.recipe import QuantRecipe
 

@@ -22,40 +22,10 @@ from qaudit.plan.upstream.te import TETarget, resolve_te
 from qaudit.run.cost import check_run_cost
 from qaudit.run.distributed import World, agreed, all_gather, processes_on_this_machine
 from qaudit.run.evidence import AuditFacts
+from qaudit.run.options import AuditOptions
 from qaudit.run.rows import ModuleRow, accumulation_of, calls_per_microbatch, precision_of, tracked_of
 from qaudit.run.train import run_evaluation, run_training
 from qaudit.runtime import select_runtime
-
-
-@dataclass(frozen=True)
-class AuditOptions:
-    # --policy: an explicit tracking behaviour, over the one of the Megatron below.
-    policy: str | None = None
-    # --megatron: "auto", "main" or a release; resolved once into a MegatronTarget.
-    megatron: str | MegatronTarget = "auto"
-    # --te: "auto", "main" or a TE release; resolved once into a TETarget.
-    te: str | TETarget = "auto"
-    steps: int = 2
-    microbatches: int = 2
-    runtime: str = "auto"
-    device: str | None = None  # cpu|cuda; None: the runtime's own (te: cuda, reference: cpu)
-    seed: int = 0
-    evaluation: bool = False  # forward-only, modules in eval mode
-    verify: bool = False  # measure main_grad against an unfused float64 reference
-    compare_policies: bool = False
-    full_size: bool = False  # real widths instead of shrunk ones
-    rank: int | None = None  # show one pipeline stage only
-    # --set NAME=VALUE: values a launch script or MODEL_ARGS file takes from outside.
-    variables: tuple[tuple[str, str], ...] = ()
-    # --allow-import: import and call the recipes' custom_recipe_factory (Python code the
-    # input names). Off: nothing is imported and such modules are reported "not executed".
-    allow_import: bool = False
-    # Under torchrun: this process's rank, which runs pipeline stage `world.rank`.
-    world: World | None = None
-    # --cross-check: also build and run the config with the installed Megatron and compare.
-    cross_check: bool = False
-    # --allow-long-audit: run even when the estimate is over qaudit.run.cost.MAX_SECONDS.
-    allow_long_audit: bool = False
 
 
 @dataclass
