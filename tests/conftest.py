@@ -37,3 +37,29 @@ def _auto_runtime_is_reference(request, monkeypatch):
         if importlib.util.find_spec("transformer_engine") is not None:
             monkeypatch.setattr("qaudit.runtime.te_unavailable_reason",
                                 lambda: "pinned to reference for the CPU test suite")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true",
+                     help="Also run tests marked slow (corpus, torchrun, whole-model "
+                          "cross-checks, real-size audits); CI runs them.")
+    parser.addoption("--regen-goldens", action="store_true",
+                     help="Rewrite tests/golden/ with the CLI first (minutes), then run the "
+                          "tests against the new files; read git diff tests/golden after.")
+
+
+def pytest_sessionstart(session):
+    if session.config.getoption("--regen-goldens"):
+        from goldens import regenerate
+
+        for line in regenerate():
+            print(f"regenerated {line}")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run-slow") or config.getoption("-m"):
+        return  # asked for everything, or chose with -m
+    skip = pytest.mark.skip(reason="slow: run with --run-slow (CI does)")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)

@@ -4,7 +4,7 @@ width, colour, GitHub Actions, and exit codes that stay 0/1/2/3 in every format.
 Most tests render the golden JSON report (tests/golden/<example>.json) again, which is fast;
 `test_cli_writes_every_golden` runs the real audit for the quick examples, and test_cli.py
 checks the DeepSeek-shaped ones against their JSON/table goldens. Regenerate with
-`scripts/regen-goldens` and read the diff.
+`pytest --regen-goldens` and read the diff.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from qaudit import cli
 from qaudit.render import FILE_FORMATS, deliver, prepare, render
 from qaudit.render.common import collapse_names, group_rows, repo_relative, short_type
 from qaudit.render.load import report_from_dict
@@ -69,7 +68,7 @@ def fake_audit(monkeypatch):
 def test_every_example_has_every_golden():
     missing = [f"{e}{SUFFIX[f]}" for e in EXAMPLES for f in FILE_FORMATS
                if not (GOLDEN / f"{e}{SUFFIX[f]}").is_file()]
-    assert not missing, f"run scripts/regen-goldens: missing {missing}"
+    assert not missing, f"run pytest --regen-goldens: missing {missing}"
 
 
 @pytest.mark.parametrize("fmt", FILE_FORMATS)

@@ -96,11 +96,11 @@ def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
 def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions) -> Report:
     job = None
     if options.cross_check:
-        from qaudit.crosscheck import CrossCheckJob, require_megatron
+        from qaudit.crosscheck import UpstreamBuilder, require_megatron
 
         # exit 2 before any work when there is none; the upstream side starts now, beside
         # the audit's own build and run
-        job = CrossCheckJob(config, recipe, options, require_megatron())
+        job = UpstreamBuilder(config, recipe, options, require_megatron())
     try:
         run = run_audit(config, recipe, options)
     except BaseException:

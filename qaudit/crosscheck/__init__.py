@@ -1,9 +1,10 @@
 """`qaudit check --cross-check`: build the same config with the user's own Megatron code and
 compare it module by module with qaudit's model (docs/cross-check.md).
 
-Two builders hand over the same plain list of `ModuleFacts`: qaudit's own model (from the
-audit's run) and the user's Megatron (`upstream_build`, on CPU with the stand-in TE). The
-comparison is `compare.compare`; rule QA030 turns each difference into a finding.
+Two `Builder`s (qaudit/crosscheck/facts.py) hand over the same plain list of `ModuleFacts`:
+`QauditBuilder`, qaudit's own model from the audit's run, and `UpstreamBuilder`, the user's
+Megatron (`upstream_build`, on CPU with the stand-in TE). The comparison is `compare.compare`;
+rule QA030 turns each difference into a finding.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 from qaudit.crosscheck.compare import Difference, compare
-from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
+from qaudit.crosscheck.facts import Builder, BuiltModel, ModuleFacts, will_execute_label
 from qaudit.errors import EnvironmentProblem, InputError
 from qaudit.plan.upstream.detect import MegatronLocation, locate_megatron
 
@@ -108,35 +109,41 @@ def _upstream_input(config: "ModelConfig", recipe: "QuantRecipe | None",
     return upstream
 
 
-def qaudit_facts(run: "AuditRun") -> list[ModuleFacts]:
-    """qaudit's own model as the same plain list: its rows plus each wrapper's answer to
-    will_execute_quantized in training mode."""
-    wrappers = {m.fqn: m for m in run.model.audited_modules()}
-    facts = []
-    for row in run.rows:
-        module = wrappers.get(row.name)
-        method = getattr(module, "will_execute_quantized", None)
-        training = module.training if module is not None else True
+class QauditBuilder:
+    """qaudit's own model, already built and run by the audit, as the same plain list: its
+    rows plus each wrapper's answer to will_execute_quantized in training mode."""
+
+    def __init__(self, run: "AuditRun") -> None:
+        self.run = run
+
+    def build(self) -> BuiltModel:
+        wrappers = {m.fqn: m for m in self.run.model.audited_modules()}
+        return BuiltModel([_facts_of(row, wrappers.get(row.name)) for row in self.run.rows],
+                          ran=True)
+
+
+def _facts_of(row, module) -> ModuleFacts:
+    method = getattr(module, "will_execute_quantized", None)
+    training = module.training if module is not None else True
+    if module is not None:
+        module.training = True
+    try:
+        label = will_execute_label(method)
+    finally:
         if module is not None:
-            module.training = True
-        try:
-            label = will_execute_label(method)
-        finally:
-            if module is not None:
-                module.training = training
-        facts.append(ModuleFacts(
-            name=row.name, upstream_class=row.type, recipe=row.recipe,
-            will_execute_quantized=label, precision=row.precision, tracked=row.tracked,
-            accumulation=row.accumulation, calls_per_microbatch=row.calls_per_microbatch,
-            nograd_calls_per_microbatch=row.nograd_calls_per_microbatch))
-    return facts
+            module.training = training
+    return ModuleFacts(
+        name=row.name, upstream_class=row.type, recipe=row.recipe,
+        will_execute_quantized=label, precision=row.precision, tracked=row.tracked,
+        accumulation=row.accumulation, calls_per_microbatch=row.calls_per_microbatch,
+        nograd_calls_per_microbatch=row.nograd_calls_per_microbatch)
 
 
 @dataclass
 class UpstreamSide:
     """What the user's Megatron built and ran, handed back to the audit."""
 
-    built: Any = None  # upstream_build.UpstreamModel
+    built: BuiltModel | None = None
     not_covered: list[str] = field(default_factory=list)
     unknown_fields: list[str] = field(default_factory=list)
     skipped: str | None = None  # why nothing was built (a variant the builder does not cover)
@@ -160,7 +167,7 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
             upstream = _upstream_input(config, recipe, side.not_covered)
             variant = getattr(upstream, "config_kwargs", {}).get("experimental_attention_variant")
             if isinstance(upstream, str):  # upstream's own argument checks refused it
-                side.built = upstream_build.UpstreamModel([], ran=False, rejected=upstream)
+                side.built = BuiltModel([], ran=False, rejected=upstream)
             elif variant:
                 side.skipped = (f"experimental_attention_variant {variant}: its block spec is "
                                 "not built by the cross-check")
@@ -179,7 +186,7 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
     return side
 
 
-class CrossCheckJob:
+class UpstreamBuilder:
     """The upstream side of a cross-check, started before qaudit's own audit and collected
     after it. Where the platform forks (Linux), it runs in a forked child: the two builds
     overlap, the child starts with everything already imported (and any test's patches), and
@@ -227,31 +234,44 @@ class CrossCheckJob:
         finally:
             self.pool.shutdown()
 
-    def result(self, run: "AuditRun") -> CrossCheck:
-        version, where = self.location.version or "unknown", str(self.location.root)
+    def build(self) -> BuiltModel:
         if self.unsupported:
-            return CrossCheck(version, where, 0, [], False, [self.unsupported])
+            return BuiltModel([], ran=False, skipped=self.unsupported)
         side = self._side()
         if side.skipped:
-            return CrossCheck(version, where, 0, [], False, [side.skipped])
+            return BuiltModel([], ran=False, skipped=side.skipped)
         built = side.built
-        not_covered = self.not_covered + side.not_covered + list(built.notes)
-        if built.rejected is not None:
-            # Nothing to compare module by module: the installed Megatron refuses the config.
-            return CrossCheck(version, where, 0, [Difference(
-                "-", "build", "audits it", f"rejects it: {built.rejected}")], False, not_covered)
-        ours = qaudit_facts(run)
-        # Modules qaudit runs inside a CUDA graph: the CPU run has no graphs (docs/cross-check.md).
-        graphed = frozenset(facts.name for facts in ours if facts.tracked == "graph")
-        if graphed and built.ran:
-            not_covered.append(f"CUDA graphs: {len(graphed)} graphed module(s) compared as built "
-                               "(capture needs a GPU)")
-        differences = compare(ours, built.modules, built.ran, graphed)
-        differences.extend(Difference("-", "config field", "accepted", "not a field of the "
-                                      "installed TransformerConfig: " + name)
-                           for name in side.unknown_fields)
-        return CrossCheck(version, where, len(ours), differences, built.ran, not_covered)
+        return BuiltModel(built.modules, built.ran,
+                          notes=self.not_covered + side.not_covered + list(built.notes),
+                          rejected=built.rejected, unknown_fields=side.unknown_fields)
+
+    def result(self, run: "AuditRun") -> CrossCheck:
+        return cross_check(QauditBuilder(run), self, self.location)
 
     def cancel(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(cancel_futures=True)
+
+
+def cross_check(ours: Builder, theirs: Builder, location: MegatronLocation) -> CrossCheck:
+    """Compare what two builders built, module by module."""
+    version, where = location.version or "unknown", str(location.root)
+    built = theirs.build()
+    if built.skipped:
+        return CrossCheck(version, where, 0, [], False, [built.skipped])
+    not_covered = list(built.notes)
+    if built.rejected is not None:
+        # Nothing to compare module by module: the installed Megatron refuses the config.
+        return CrossCheck(version, where, 0, [Difference(
+            "-", "build", "audits it", f"rejects it: {built.rejected}")], False, not_covered)
+    mine = ours.build().modules
+    # Modules qaudit runs inside a CUDA graph: the CPU run has no graphs (docs/cross-check.md).
+    graphed = frozenset(facts.name for facts in mine if facts.tracked == "graph")
+    if graphed and built.ran:
+        not_covered.append(f"CUDA graphs: {len(graphed)} graphed module(s) compared as built "
+                           "(capture needs a GPU)")
+    differences = compare(mine, built.modules, built.ran, graphed)
+    differences.extend(Difference("-", "config field", "accepted", "not a field of the "
+                                  "installed TransformerConfig: " + name)
+                       for name in built.unknown_fields)
+    return CrossCheck(version, where, len(mine), differences, built.ran, not_covered)

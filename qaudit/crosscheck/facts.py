@@ -6,7 +6,8 @@ Megatron on CPU, the same on a GPU with real TE) can hand over a plain list of t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 # Compared fields, in the order a difference names them.
 COMPARED = ("upstream_class", "recipe", "will_execute_quantized", "precision", "tracked",
@@ -36,3 +37,23 @@ def will_execute_label(method) -> str:
     if method is None:
         return "-"
     return "/".join("yes" if method(context) else "no" for context in (False, True))
+
+
+@dataclass
+class BuiltModel:
+    """What one builder built, in its build order."""
+
+    modules: list[ModuleFacts]
+    ran: bool  # forward and backward ran (else construction only)
+    notes: list[str] = field(default_factory=list)  # what it left out, and why
+    rejected: str | None = None  # why the builder's own checks refused the config
+    skipped: str | None = None  # why this builder does not build such a model (nothing built)
+    unknown_fields: list[str] = field(default_factory=list)  # config fields it does not have
+
+
+class Builder(Protocol):
+    """One side of the cross-check (docs/cross-check.md): builds the config its own way and
+    hands back plain facts. Two today: qaudit's model (`QauditBuilder`, from the audit's run)
+    and the installed Megatron (`UpstreamBuilder`, on CPU with the stand-in TE)."""
+
+    def build(self) -> BuiltModel: ...

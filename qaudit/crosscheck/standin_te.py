@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from qaudit.load.precision import Quant
 from qaudit.model.probe import Recorder
-from qaudit.runtime import reference
+from qaudit.runtime import reference, te_rules
 
 # The TE release the stand-in claims to be: new enough for every recipe Megatron can select
 # and for the keyword arguments its wrappers pass (docs/cross-check.md).
@@ -213,7 +213,7 @@ class _Recorded(reference._ReferenceModule):
         # would only add time).
         meta = {"quant": None, "m_splits": list(m_splits) if m_splits is not None else None,
                 "compute_weight": self.weight.detach(),
-                "plan": reference.wgrad_plan(
+                "plan": te_rules.wgrad_plan(
                     self.fuse_wgrad_accumulation, is_first_microbatch,
                     bool(getattr(self.weight, "overwrite_main_grad", False))),
                 "listener": listener}

@@ -17,14 +17,14 @@ import dataclasses
 import inspect
 import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
 from qaudit.crosscheck import standin_te
 from qaudit.crosscheck.environment import fused_wgrad_calls
-from qaudit.crosscheck.facts import ModuleFacts, will_execute_label
+from qaudit.crosscheck.facts import BuiltModel, ModuleFacts, will_execute_label
 from qaudit.crosscheck.upstream_config import UpstreamInput
 from qaudit.model.probe import CallRecord
 from qaudit.run.rows import accumulation_of, calls_per_microbatch, precision_of
@@ -35,14 +35,6 @@ from qaudit.run.train import (LEARNING_RATE, attach_grad_buffers, step_gradient,
 # linear of the modelopt spec, whose MLA down projections are its `Linear`).
 MCORE_LINEARS = ("ColumnParallelLinear", "RowParallelLinear")
 MODELOPT_LINEAR = "megatron.core.post_training.modelopt.layers"
-
-
-@dataclass
-class UpstreamModel:
-    modules: list[ModuleFacts]
-    ran: bool  # forward and backward ran (else construction only)
-    notes: list[str] = field(default_factory=list)
-    rejected: str | None = None  # why upstream refused to build the config (nothing built)
 
 
 class Rejected(Exception):
@@ -464,16 +456,16 @@ def observe_mcore_linears(chunks: list[Chunk], probe: standin_te.CallProbe
 
 
 def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: int = 0,
-                  run: bool = True) -> UpstreamModel:
+                  run: bool = True) -> BuiltModel:
     # upstream_environment restores os.environ afterwards.
     os.environ.update(upstream.environment)
     try:
         _, chunks = build_model(upstream, seed)
     except Rejected as exc:
-        return UpstreamModel([], ran=False, rejected=_one_line(str(exc)))
+        return BuiltModel([], ran=False, rejected=_one_line(str(exc)))
     notes = list(upstream.notes)
     if not run:
-        return UpstreamModel(module_facts(chunks, None, {}), ran=False, notes=notes)
+        return BuiltModel(module_facts(chunks, None, {}), ran=False, notes=notes)
     probe = standin_te.CallProbe()
     probe.names = {id(module): name for name, module in linear_modules(chunks)}
     try:
@@ -483,14 +475,14 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
                          upstream.overwrite_main_grad)
     except standin_te.NotOnCPU as exc:
         # A feature of this config runs a CUDA kernel: compare what was built.
-        return UpstreamModel(module_facts(chunks, None, {}), ran=False,
+        return BuiltModel(module_facts(chunks, None, {}), ran=False,
                              notes=notes + [f"the training run needs {exc}; compared as built"])
     except (RuntimeError, AssertionError, ValueError, TypeError, AttributeError,
             IndexError) as exc:
         # Upstream's forward or backward failed here (the note names its line): what was built
         # is still compared.
         failure = _one_line(f"{type(exc).__name__}: {exc}", 200)
-        return UpstreamModel(module_facts(chunks, None, {}), ran=False, notes=notes + [
+        return BuiltModel(module_facts(chunks, None, {}), ran=False, notes=notes + [
             f"the training run failed in Megatron's code: {failure}{_where(exc)}; compared "
             "as built"])
-    return UpstreamModel(module_facts(chunks, probe, decisions), ran=True, notes=notes)
+    return BuiltModel(module_facts(chunks, probe, decisions), ran=True, notes=notes)

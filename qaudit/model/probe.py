@@ -29,7 +29,7 @@ class CallRecord:
     decision: str | None = None  # backward: accumulate | overwrite | autograd
     backward_seq: int | None = None  # 1-based order among this module's backwards in the mb
     lossy: bool = False
-    # What TE did with the quantized weight (qaudit.runtime.reference.weight_cache_use):
+    # What TE did with the quantized weight (qaudit.runtime.te_rules.weight_cache_use):
     # primary | fresh | refresh | reuse; None in high precision.
     cache: str | None = None
     graph: bool = False  # replayed from a per-layer CUDA graph (qaudit/plan/graphs.py)

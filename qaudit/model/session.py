@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from qaudit.plan.policies import TrackingPolicy
 from qaudit.model.probe import Recorder
+from qaudit.runtime.protocol import Runtime
 from qaudit.plan.upstream.te import NEWEST_TE, TEBehaviour, te_behaviour
 
 
 @dataclass
 class Session:
-    runtime: Any  # a runtime: module factories, autocast(), current_quant()
+    runtime: Runtime
     policy: TrackingPolicy
     recorder: Recorder = field(default_factory=Recorder)
     # The Transformer Engine behaviour audited for (qaudit/plan/upstream/te.py).

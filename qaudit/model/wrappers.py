@@ -19,7 +19,8 @@ from qaudit.model.session import Session
 from qaudit.plan.execution import resolve_execution
 from qaudit.load.precision import Quant
 from qaudit.load.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
-from qaudit.runtime.reference import WgradPlan, gemm, weight_cache_use
+from qaudit.runtime.protocol import GraphEmulating
+from qaudit.runtime.te_rules import weight_cache_use
 
 # Stands for "some quantized ambient context" when only a yes/no is known.
 _ANY_QUANT = Quant("fp8", "any")
@@ -103,7 +104,11 @@ class TEWrapper(AuditedModule):
         graph = self.graphed and self.training
         skip, flag = self._graph_replay(flag, ambient) if graph else (None, flag)
         primary = self._primary_weight(ambient)
-        replay = runtime.graph_replay(skip) if skip is not None else contextlib.nullcontext()
+        if skip is not None:
+            assert isinstance(runtime, GraphEmulating), "graphed configs run on the reference"
+            replay = runtime.graph_replay(skip)
+        else:
+            replay = contextlib.nullcontext()
         with context, replay:
             seen = False if skip is not None else flag  # TE forces False under the skip flag
             out = self._record(seen, self.inner,
@@ -206,9 +211,8 @@ class ColumnParallelLinear(AuditedModule):
         weight = self.weight if weight is None else weight
 
         def run() -> torch.Tensor:
-            meta = {"quant": None, "m_splits": None, "compute_weight": weight.detach(),
-                    "plan": WgradPlan(self.fuse, True), "listener": self.wgrad_listener}
-            return gemm(x, weight, meta)
+            return self.session.runtime.plain_gemm(x, weight, fuse=self.fuse,
+                                                   listener=self.wgrad_listener)
 
         # A TE autocast around it (a decoder layer's) does not reach a plain matmul.
         with self.session.runtime.autocast(None):

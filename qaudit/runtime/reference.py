@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -29,8 +28,9 @@ import torch.nn.functional as F
 
 from qaudit.load.precision import Quant
 from qaudit.runtime.fakequant import fake_quantize
+from qaudit.runtime.protocol import WgradListener
+from qaudit.runtime.te_rules import WgradPlan, weight_cache_use, wgrad_plan
 
-WgradListener = Callable[[str], None]
 
 # The innermost active autocast; None means high precision.
 _autocast_stack: list[Quant | None] = [None]
@@ -66,47 +66,6 @@ def graph_replay(skip_weight_update: bool | None) -> Iterator[None]:
         yield
     finally:
         _graph_skip_stack.pop()
-
-
-def weight_cache_use(is_first_microbatch: bool | None, primary: bool = False,
-                     skip_weight_update: bool | None = None) -> str:
-    """What TE's `quantize_weight` does with a quantized module's weight at one call:
-    "primary" (the parameter is already quantized: no workspace), "fresh" (None: quantized
-    anew, nothing kept), "refresh" (True, or a graph replay that does not skip the update)
-    or "reuse". A cache miss creates the workspace whatever the flag; the audit's models keep
-    one from the first call on, so a miss is counted as a refresh."""
-    if primary:
-        return "primary"
-    if skip_weight_update is not None:
-        return "reuse" if skip_weight_update else "refresh"
-    if is_first_microbatch is None:
-        return "fresh"
-    return "refresh" if is_first_microbatch else "reuse"
-
-
-@dataclass(frozen=True)
-class WgradPlan:
-    """What backward will do with the weight gradient, decided at forward as TE does."""
-
-    fused: bool
-    accumulate: bool
-
-    @property
-    def decision(self) -> str:
-        if not self.fused:
-            return "autograd"
-        return "accumulate" if self.accumulate else "overwrite"
-
-
-def wgrad_plan(fuse_wgrad_accumulation: bool, is_first_microbatch: bool | None,
-               overwrite_main_grad: bool) -> WgradPlan:
-    if not fuse_wgrad_accumulation:
-        return WgradPlan(False, False)
-    if overwrite_main_grad:
-        return WgradPlan(True, False)
-    if is_first_microbatch is None:
-        return WgradPlan(True, True)
-    return WgradPlan(True, not is_first_microbatch)
 
 
 # Grouped GEMMs over at most this many gathered weight elements run as one batched product
@@ -390,8 +349,6 @@ class ReferenceRuntime:
     (v2.9+, qaudit/plan/upstream/te.py)."""
 
     name = "reference"
-    # CUDA-graph replays with TE's skip flag can be emulated (graph_replay).
-    emulates_cuda_graphs = True
 
     def __init__(self, device: str = "cpu", reads_overwrite_main_grad: bool = True) -> None:
         self.device = device
@@ -425,3 +382,16 @@ class ReferenceRuntime:
 
     def current_quant(self) -> Quant | None:
         return current_quant()
+
+    def plain_gemm(self, x: torch.Tensor, weight: torch.Tensor, *, fuse: bool,
+                   listener: WgradListener | None) -> torch.Tensor:
+        return plain_gemm(x, weight, fuse=fuse, listener=listener)
+
+
+def plain_gemm(x: torch.Tensor, weight: torch.Tensor, *, fuse: bool,
+               listener: WgradListener | None) -> torch.Tensor:
+    """Megatron's own (non-TE) linear: high precision, and with fusion its wgrad always
+    accumulates into main_grad (it has no is_first_microbatch)."""
+    meta = {"quant": None, "m_splits": None, "compute_weight": weight.detach(),
+            "plan": WgradPlan(fuse, True), "listener": listener}
+    return gemm(x, weight, meta)

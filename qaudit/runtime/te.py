@@ -46,6 +46,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from qaudit.runtime import reference
 from qaudit.errors import EnvironmentProblem
 from qaudit.load.precision import Quant
 from qaudit.runtime.wgrad import (WgradRule, documented_rule, measure_wgrad_rule,
@@ -371,6 +372,11 @@ class TERuntime:
                 return contextlib.nullcontext()
             return self.api.autocast(False, None)
         return self.api.autocast(True, self.recipe_for(quant))
+
+    def plain_gemm(self, x: torch.Tensor, weight: torch.Tensor, *, fuse: bool,
+                   listener: Callable[[str], None] | None) -> torch.Tensor:
+        # Megatron's own linears are not TE modules: the same plain GEMM on either runtime.
+        return reference.plain_gemm(x, weight, fuse=fuse, listener=listener)
 
     def current_quant(self) -> Quant | None:
         if not self.api.is_enabled():

@@ -30,7 +30,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from qaudit.runtime.reference import wgrad_plan
+from qaudit.runtime.te_rules import wgrad_plan
 
 Flag = bool | None
 RuleKey = tuple[bool, Flag, bool]  # (fuse_wgrad_accumulation, is_first_microbatch, overwrite_main_grad)
