@@ -2,9 +2,8 @@
 
 Every module runs forward and backward in every microbatch of every step, so `--steps 100
 --microbatches 64` on a DeepSeek-V3-sized config would run for hours. The estimate is a linear
-model fitted on this project's 2-core CPU with the reference runtime (README, Speed and
-memory): about 0.6 ms per module and 26 us per expert GEMM of a grouped module, per
-microbatch. Over `MAX_SECONDS` the audit is refused (exit 2) unless `--allow-long-audit`.
+model fitted on this project's 2-core CPU with the reference runtime (docs/performance.md):
+about 0.6 ms per module and 26 us per expert GEMM of a grouped module, per microbatch. Over `MAX_SECONDS` the audit is refused (exit 2) unless `--allow-long-audit`.
 """
 
 from __future__ import annotations
