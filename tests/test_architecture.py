@@ -7,6 +7,10 @@ import of a later stage is still a dependency on it.
 from __future__ import annotations
 
 import ast
+import importlib
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,3 +88,80 @@ def test_load_and_plan_never_import_torch(name):
 
 def test_every_module_is_in_a_stage():
     assert all(stage_of(name) in STAGES for name in MODULES)
+
+
+def test_bad_input_is_refused_before_torch_is_imported(tmp_path):
+    """Instant answers: `qaudit check empty.yaml` never pays for importing torch. A fresh
+    interpreter is what is tested (this test process has torch loaded already)."""
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    probe = ("import sys\nfrom qaudit.cli import app\n"
+             "try:\n    app([\"check\", sys.argv[1]])\nexcept SystemExit as exc:\n"
+             "    print(exc.code, \"torch\" in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(empty)], capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert "empty file" in done.stderr
+
+
+REPO = PACKAGE.parent
+CITED_DOC = re.compile(r"\bdocs/[\w./-]+\.md\b")
+
+
+def test_every_cited_document_exists():
+    sources = sorted(PACKAGE.rglob("*.py")) + sorted((REPO / "scripts").iterdir()) \
+        + sorted((REPO / "tests").glob("*.py"))
+    missing = sorted({f"{path.relative_to(REPO)}: {doc}"
+                      for path in sources if path.is_file()
+                      for doc in CITED_DOC.findall(path.read_text(errors="replace"))
+                      if not (REPO / doc).is_file()})
+    assert not missing, missing
+
+
+def test_both_runtimes_implement_the_runtime_protocol():
+    """The seam is typed: the wrappers only use what `Runtime` declares. TE's runtime cannot be
+    built without CUDA, so its class is checked for every member."""
+    from qaudit.runtime.protocol import GraphEmulating, Runtime
+    from qaudit.runtime.reference import ReferenceRuntime
+    from qaudit.runtime.te import TERuntime
+
+    assert isinstance(ReferenceRuntime(), GraphEmulating)
+    members = [name for name in dir(Runtime) if not name.startswith("_")]
+    assert {"linear", "autocast", "plain_gemm", "current_quant"} <= set(members)
+    missing = [name for name in members if name != "device" and not hasattr(TERuntime, name)]
+    assert not missing, missing
+
+
+def test_every_family_implements_its_protocols():
+    """A family folder provides each stage's hooks (qaudit/families/__init__.py)."""
+    import inspect
+
+    from qaudit import families
+
+    protocols = {"fields": families.FamilyFields, "flags": families.FamilyFlags,
+                 "sizes": families.FamilySizes}
+    for name in families.FAMILIES:
+        for kind, protocol in protocols.items():
+            module = importlib.import_module(f"qaudit.families.{name}.{kind}")
+            for member, _ in inspect.getmembers(protocol, inspect.isfunction):
+                if not member.startswith("_"):
+                    assert callable(getattr(module, member, None)), f"{name}/{kind}.py: {member}"
+    model = families.parts("model")
+    assert all(isinstance(part.MODEL, type) for part in model) and model
+
+
+@pytest.mark.parametrize("example, family", [("gpt-small-bf16", "gpt"),
+                                             ("deepseek-v3-mtp-fp8", "gpt"),
+                                             ("nemotron-h-8b-fp8", "hybrid")])
+def test_bundled_examples_belong_to_their_family(example, family):
+    from qaudit.load import load_files
+
+    assert load_files(str(REPO / "configs" / f"{example}.yaml"))[0].family == family
+
+
+def test_a_t5_config_is_of_the_t5_family(write_yaml):
+    from qaudit.load import load_files
+
+    path = write_yaml("t5.yaml", "num_layers: 2\nencoder_num_layers: 2\nhidden_size: 64\n"
+                                 "num_attention_heads: 4\n")
+    assert load_files(path)[0].family == "t5"

@@ -6,10 +6,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from qaudit.families.hybrid import fields as hybrid
-
-from qaudit.families.t5 import fields as t5
+from qaudit import families
 from qaudit.errors import InputError
+from qaudit.families.hybrid import fields as hybrid
 from qaudit.families.hybrid.pattern import MOE, HybridPattern, parse_pattern
 from qaudit.load.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
 from qaudit.load.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
@@ -130,6 +129,11 @@ class ModelConfig:
     @property
     def mtp_depths(self) -> int:
         return self.mtp_num_layers or 0
+
+    @property
+    def family(self) -> str:
+        """`gpt` (the base: dense, MoE, MLA, MTP) or a family of qaudit/families/."""
+        return families.family_of(self)
 
     @property
     def is_hybrid(self) -> bool:
@@ -479,16 +483,17 @@ def config_from_mapping(mapping: YamlMap, source: ConfigSource,
             hint = did_you_mean(key, MODELLED_FIELDS | ACCEPTED_FIELDS)
             raise InputError(f"unknown field{hint}", file=source.file, line=line, key=key)
     for key in REQUIRED_FIELDS:
-        if key not in values and not (key == "num_layers" and hybrid.counts_layers(values)):
+        if key not in values and not (key == "num_layers" and any(
+                family.counts_layers(values) for family in families.parts("fields"))):
             raise InputError("required field is missing", file=source.file, line=mapping.line, key=key)
     if note_settings and mapping.get("is_hybrid_model") is True and not hybrid.counts_layers(values):
         source.notes.append(SourceNote(f"is_hybrid_model true: {HYBRID_WITHOUT_PATTERN}",
                                        mapping.line_of("is_hybrid_model"), "is_hybrid_model"))
     given = set(values)
-    values.setdefault("num_layers", 0)  # a hybrid pattern gives it (hybrid.resolve)
+    values.setdefault("num_layers", 0)  # a family may give it (a hybrid pattern does)
     config = ModelConfig(**values, source=source)
-    hybrid.resolve(config, given)
-    t5.resolve(config, given)
+    for family in families.parts("fields"):
+        family.resolve(config, given)
     _fill_defaults(config)
     _validate(config)
     return config
@@ -562,7 +567,7 @@ def _validate(config: ModelConfig) -> None:
         # pipelining the last stage has its own copy of it. (HybridModel and T5Model never
         # build it.)
         if config.share_embeddings_and_output_weights and config.pipeline_model_parallel_size == 1 \
-                and not config.is_hybrid and not config.is_t5:
+                and config.family == families.BASE:
             fail("fp8_output_proj", "a TE output layer cannot use the embedding's weight: set "
                  "share_embeddings_and_output_weights: false")
     if config.fp8 and config.first_last_layers_bf16:
@@ -599,8 +604,8 @@ def _validate(config: ModelConfig) -> None:
     _validate_te_settings(config, fail)
     _apply_layout(config, fail)
     _check_modelopt_spec(config, fail)
-    hybrid.validate(config, fail)
-    t5.validate(config, fail)
+    for family in families.parts("fields"):
+        family.validate(config, fail)
     _check_virtual_needs_stages(config, fail)
     if config.source is not None:
         check_upstream(config, config.source.mapping, fail)
@@ -637,7 +642,7 @@ def _apply_layout(config: ModelConfig, fail: Callable[[str, str], None]) -> None
     for other in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
         if getattr(config, other):
             fail(other, f"cannot be set with {key} (TransformerConfig raises ValueError)")
-    if config.is_hybrid or config.is_t5:
+    if config.family != families.BASE:
         fail(key, "is not modelled for hybrid or T5 models (Megatron's argument checks reject "
              "it with a hybrid pattern; layouts do not hold encoder layers)")
     try:

@@ -15,6 +15,7 @@ import torch
 from qaudit.load.config import ModelConfig
 from qaudit.model import wrappers as w
 from qaudit.plan.dims import Dims
+from qaudit.families import part_of
 from qaudit.families.hybrid.layers import HybridStack, hybrid_layers
 from qaudit.model.language_model import LanguageModel
 from qaudit.model.layers import Builder, TransformerLayer
@@ -158,11 +159,11 @@ class GPTModel(LanguageModel):
 
 def build_model(config: ModelConfig, dims: Dims, session: Session,
                 recipe: QuantRecipe | None, seed: int = 0) -> LanguageModel:
-    """A GPTModel (hybrid included), or a T5Model when the config has an encoder."""
-    from qaudit.families.t5.model import T5Model  # its layers build on this module's blocks
-
+    """A GPTModel (hybrid included: the same tree), or the model class of the config's family
+    where it has its own (T5)."""
+    family = part_of(config, "model")
     torch.manual_seed(seed)
-    model = (T5Model if config.is_t5 else GPTModel)(config, dims, session)
+    model = (family.MODEL if family is not None else GPTModel)(config, dims, session)
     model.finish_init(recipe)
     # Built on CPU (same seeded weights on every device), then moved to the runtime's device;
     # TE modules are created on CUDA already.

@@ -6,6 +6,7 @@ the executed one come from one place (docs/semantics.md §3.3 and §4).
 
 from __future__ import annotations
 
+from qaudit.families import BASE
 from qaudit.load.config import ModelConfig
 from qaudit.load.precision import Quant
 from qaudit.load.recipe import TERecipe
@@ -58,7 +59,7 @@ def te_output_layer_enabled(config: ModelConfig) -> bool:
     """HybridModel and T5Model (T5LMHead) always build Megatron's own output layer, whatever
     fp8_output_proj says."""
     return bool(config.fp8_output_proj and config.fp8 and config.fp8_recipe == "mxfp8"
-                and not config.is_hybrid and not config.is_t5)
+                and config.family == BASE)  # only GPTModel builds a TE output layer
 
 
 def output_layer_ambient(config: ModelConfig) -> Quant | None:

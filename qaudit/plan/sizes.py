@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 
 from qaudit.load.config import ModelConfig
-from qaudit.families.hybrid.fields import mixer_widths
-from qaudit.families.hybrid.pattern import ATTENTION, MAMBA, MOE
+from qaudit.families import part_of
 
 # A --full-size audit keeps, per parameter, the float32 weight, its main_grad, a quantized
 # workspace copy and the gradient scratch of one backward.
@@ -34,30 +33,17 @@ def layer_params(config: ModelConfig, moe: bool) -> int:
 
 
 
-def hybrid_layer_params(config: ModelConfig, symbol: str) -> int:
-    """Weights of one hybrid layer: each holds a single sublayer (docs/hybrid.md)."""
-    h = config.hidden_size
-    if symbol == MAMBA:
-        d_inner, _, in_proj = mixer_widths(config)
-        return h * in_proj + d_inner * h
-    attention_and_dense = layer_params(config, moe=False)
-    mlp = h * config.ffn_hidden_size * (2 if config.gated_linear_unit else 1) \
-        + config.ffn_hidden_size * h
-    if symbol == ATTENTION:
-        return attention_and_dense - mlp
-    if symbol == MOE:
-        return layer_params(config, moe=True) - (attention_and_dense - mlp)
-    return mlp
-
-
 def mtp_depth_params(config: ModelConfig) -> int:
-    """One MTP depth: eh_proj plus its layer (GPT) or its pattern's layers (hybrid)."""
-    pattern = config.hybrid_pattern()
-    if pattern is not None:
-        inner = sum(hybrid_layer_params(config, symbol) for symbol in pattern.mtp or "")
-    else:
+    """One MTP depth: eh_proj plus its layer (GPT's, or its family's)."""
+    family = part_of(config, "sizes")
+    inner = family.mtp_layer_params(config) if family is not None else None
+    if inner is None:
         inner = layer_params(config, config.moe_layer_pattern()[-1])
     return inner + 2 * config.hidden_size ** 2
+
+
+def gpt_decoder_params(config: ModelConfig) -> int:
+    return sum(layer_params(config, moe) for moe in config.moe_layer_pattern())
 
 
 def model_params(config: ModelConfig) -> int:
@@ -65,15 +51,10 @@ def model_params(config: ModelConfig) -> int:
     output layer."""
     vocab = config.vocab_size or 32000
     h = config.hidden_size
-    pattern = config.hybrid_pattern()
-    if pattern is not None:
-        layers = sum(hybrid_layer_params(config, symbol) for symbol in pattern.main)
-    else:
-        layers = sum(layer_params(config, moe) for moe in config.moe_layer_pattern())
-    if config.is_t5:
-        # Encoder layers as GPT's dense ones; decoder layers add cross-attention (q, kv, proj).
-        cross = 4 * h * config.num_attention_heads * config.kv_channels
-        layers += config.encoder_num_layers * layer_params(config, False) + config.num_layers * cross
+    family = part_of(config, "sizes")
+    layers = family.stack_params(config) if family is not None else None
+    if layers is None:
+        layers = gpt_decoder_params(config)
     mtp_count = 1 if config.mtp_use_repeated_layer else config.mtp_depths
     mtp = mtp_count * mtp_depth_params(config) if config.mtp_depths else 0
     output = 0 if config.share_embeddings_and_output_weights else vocab * h

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 _PATTERN_KEYS = ("hybrid_layer_pattern", "hybrid_override_pattern")
 
 
+def claims(config: ModelConfig) -> bool:
+    return config.hybrid_layer_pattern is not None
+
+
 def counts_layers(values: dict[str, Any]) -> bool:
     """Whether the given fields hold a pattern, which then gives `num_layers`."""
     return any(values.get(key) is not None for key in _PATTERN_KEYS)

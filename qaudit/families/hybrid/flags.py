@@ -29,7 +29,7 @@ _REJECTED_WITH_PATTERN = ("--num-layers-per-virtual-pipeline-stage",
 _REJECTED_WITH_PIPES = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
 
 
-def apply_hybrid(t: Translator) -> None:
+def apply(t: Translator) -> None:
     layer, override = t.last.get("--hybrid-layer-pattern"), t.last.get("--hybrid-override-pattern")
     if layer is not None and override is not None:
         raise InputError("cannot be given together with --hybrid-layer-pattern (Megatron rejects "

@@ -10,7 +10,7 @@ command-line rules (`--encoder-num-layers` vs `--num-layers`, `--decoder-num-lay
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from qaudit.load.config import ModelConfig
@@ -23,6 +23,14 @@ _NOT_IN_T5_SPEC = (
     ("hybrid_layer_pattern", "the T5 spec builds transformer layers only (no hybrid pattern)"),
     ("hybrid_override_pattern", "the T5 spec builds transformer layers only (no hybrid pattern)"),
 )
+
+
+def claims(config: ModelConfig) -> bool:
+    return config.encoder_num_layers is not None
+
+
+def counts_layers(values: dict[str, Any]) -> bool:
+    return False  # encoder_num_layers gives the encoder's count; num_layers stays required
 
 
 def resolve(config: ModelConfig, given: set[str]) -> None:

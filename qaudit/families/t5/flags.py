@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 T5_FLAGS = ("--encoder-num-layers", "--decoder-num-layers")
 
 
-def apply_t5(t: Translator) -> None:
+def apply(t: Translator) -> None:
     encoder, decoder = t.last.get("--encoder-num-layers"), t.last.get("--decoder-num-layers")
     if encoder is None and decoder is None:
         return

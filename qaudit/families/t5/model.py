@@ -51,3 +51,6 @@ class T5Model(LanguageModel):
         output_layer = self.lm_head.output_layer
         tied = self.embedding.word_embeddings.weight if output_layer.weight is None else None
         return self._loss(output_layer(hidden, tied), labels)
+
+
+MODEL = T5Model  # the family's model class (qaudit.families.FamilyModel)

@@ -16,9 +16,8 @@ from qaudit.load.sources import megatron_flags as flags
 from qaudit.load.sources.argv import Argv, Occurrence
 from qaudit.load.sources.checked_flags import apply_checked
 from qaudit.load.sources.entry import Entry
-from qaudit.families.hybrid.flags import apply_hybrid
+from qaudit.families import parts as family_parts
 from qaudit.load.sources.modelopt_flags import apply_modelopt, known_modelopt_flag, note_modelopt_flags
-from qaudit.families.t5.flags import apply_t5
 from qaudit.load.sources.megatron_flags import to_int
 from qaudit.load.sources.tokens import External
 from qaudit.load.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
@@ -172,10 +171,8 @@ class Translator:
         return True
 
     def apply_special(self) -> None:
-        if "hybrid_layer_pattern" in MODELLED_FIELDS:
-            apply_hybrid(self)
-        if "encoder_num_layers" in MODELLED_FIELDS:
-            apply_t5(self)
+        for family in family_parts("flags"):
+            family.apply(self)
         apply_modelopt(self)
         note_modelopt_flags(self)
         gqa = self.last.get("--group-query-attention")
