@@ -20,10 +20,11 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def test_deepseek_repeated_mtp_example_fails_with_qa001():
-    result = run_cli("check", "configs/deepseek-v3-mtp-fp8.yaml", "--format", "json")
-    assert result.returncode == 1, result.stderr
-    report = json.loads(result.stdout)
+def test_deepseek_repeated_mtp_example_fails_with_qa001(monkeypatch, capsys):
+    code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/deepseek-v3-mtp-fp8.yaml",
+                                    "--format", "json")
+    assert code == 1, err
+    report = json.loads(out)
     failing = {m["name"] for m in report["modules"] if m["verdict"] == "QA001"}
     mtp = {m["name"] for m in report["modules"] if m["name"].startswith("mtp.")}
     assert failing == mtp and len(mtp) == 10  # eh_proj, 5 MLA projections, 4 expert linears
@@ -32,7 +33,7 @@ def test_deepseek_repeated_mtp_example_fails_with_qa001():
     assert len([m for m in report["modules"] if m["name"].endswith(".mlp.experts.linear_fc1")]) == 59
     assert report["findings"][0]["line"] == 19
     # the golden every other format of this example is rendered from (tests/test_formats.py)
-    assert result.stdout == (GOLDEN / "deepseek-v3-mtp-fp8.json").read_text()
+    assert out == (GOLDEN / "deepseek-v3-mtp-fp8.json").read_text()
 
 
 def test_deepseek_one_layer_per_depth_passes(monkeypatch, capsys):

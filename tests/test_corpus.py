@@ -31,7 +31,8 @@ CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "megatron"
 FILES = sorted(p for folder in ("functional_tests", "launch_scripts")
                for p in (CORPUS / folder).glob("*") if p.is_file()) if CORPUS.is_dir() else []
 
-pytestmark = pytest.mark.skipif(not FILES, reason=f"corpus not found at {CORPUS}")
+pytestmark = [pytest.mark.skipif(not FILES, reason=f"corpus not found at {CORPUS}"),
+              pytest.mark.slow]
 
 # One step of two microbatches: every call, precision and the overwrite-or-accumulate decision
 # of a re-armed step (one microbatch alone would show every first call as an overwrite).

@@ -79,17 +79,17 @@ def test_rendering_the_golden_report_gives_the_golden_bytes(example, fmt):
 
 
 @pytest.mark.parametrize("example", FAST)
-def test_cli_writes_every_golden(tmp_path, example):
+def test_cli_writes_every_golden(tmp_path, monkeypatch, capsys, example):
     """One real audit per example writes every format; each equals its golden file."""
     outputs = [f"{fmt}={tmp_path / (example + SUFFIX[fmt])}" for fmt in FILE_FORMATS
                if fmt != "table"]
     args = ["check", f"configs/{example}.yaml"]
     for spec in outputs:
         args += ["--output", spec]
-    result = run_cli(*args)
+    code, out, err = run_in_process(monkeypatch, capsys, *args)
     golden = golden_data(example)
-    assert result.returncode == golden["exit_code"], result.stderr
-    assert result.stdout == (GOLDEN / f"{example}.txt").read_text()
+    assert code == golden["exit_code"], err
+    assert out == (GOLDEN / f"{example}.txt").read_text()
     for fmt in FILE_FORMATS:
         if fmt == "table":
             continue

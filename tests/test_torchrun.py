@@ -133,6 +133,7 @@ def test_verify_is_refused_under_torchrun_before_any_work(monkeypatch, capsys):
 
 
 @needs_gloo
+@pytest.mark.slow  # real torchrun processes
 def test_each_stage_in_its_own_process_gives_the_single_process_report(
         write_yaml, monkeypatch, capsys):
     single_code, single_out, result = one_process_then_torchrun(
@@ -144,6 +145,7 @@ def test_each_stage_in_its_own_process_gives_the_single_process_report(
 
 
 @needs_gloo
+@pytest.mark.slow  # real torchrun processes
 def test_uneven_stages_with_moe_tied_weights_and_mtp_over_four_processes(
         write_yaml, monkeypatch, capsys):
     single_code, single_out, result = one_process_then_torchrun(
@@ -154,6 +156,7 @@ def test_uneven_stages_with_moe_tied_weights_and_mtp_over_four_processes(
 
 
 @needs_gloo
+@pytest.mark.slow  # real torchrun processes
 def test_a_process_count_that_is_not_the_stage_count_fails_every_rank_with_one_message(write_yaml):
     config = write_yaml("pp2.yaml", PIPELINED_MTP)
     result = torchrun(3, config)
