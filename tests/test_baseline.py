@@ -48,11 +48,11 @@ def test_baseline_round_trip_reports_only_new_findings(tmp_path):
     path = tmp_path / "baseline.json"
     path.write_text(baseline_text(report))
     data = json.loads(path.read_text())
-    assert data["schema"] == "qaudit-baseline/1" and len(data["findings"]) == 10
+    assert data["schema"] == "qaudit-baseline/1" and len(data["findings"]) == 5
     assert all("line" not in entry for entry in data["findings"])
     accepted = load_baseline(str(path))
     filtered = apply_baseline(report, accepted)
-    assert filtered.findings == [] and len(filtered.suppressed) == 10
+    assert filtered.findings == [] and len(filtered.suppressed) == 5
     assert filtered.exit_code() == 0
     assert {f.suppression for f in filtered.suppressed} == {"baseline"}
     # a new finding is reported, and only it counts
@@ -62,7 +62,7 @@ def test_baseline_round_trip_reports_only_new_findings(tmp_path):
     assert filtered.findings == [extra] and filtered.exit_code() == 1
     # rewriting the baseline from a filtered report keeps the accepted ones
     again = json.loads(baseline_text(filtered))
-    assert len(again["findings"]) == 11
+    assert len(again["findings"]) == 6
 
 
 @pytest.mark.parametrize("text,message", [
@@ -107,19 +107,19 @@ def test_cli_baseline_with_shifted_lines(tmp_path, monkeypatch, capsys):
     baseline = tmp_path / "qaudit-baseline.json"
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",
                                   "--write-baseline", str(baseline), "--format", "json")
-    assert code == 1 and len(json.loads(baseline.read_text())["findings"]) == 10
+    assert code == 1 and len(json.loads(baseline.read_text())["findings"]) == 5
 
     config.write_text("# a comment that moves every line\n\n" + config.read_text())
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",
                                   "--baseline", str(baseline), "--format", "json")
     data = json.loads(out)
-    assert code == 0 and data["findings"] == [] and len(data["suppressed"]) == 10
+    assert code == 0 and data["findings"] == [] and len(data["suppressed"]) == 5
     assert data["summary"] == {"error": 0, "warning": 0, "info": 0} and data["exit_code"] == 0
 
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",
                                   "--baseline", str(baseline))
-    assert code == 0 and "10 finding(s) suppressed" in out
-    assert out.rstrip().endswith("0 error(s), 0 warning(s), 10 suppressed   exit 0")
+    assert code == 0 and "5 finding(s) suppressed" in out
+    assert out.rstrip().endswith("0 error(s), 0 warning(s), 5 suppressed   exit 0")
 
 
 def test_cli_bad_baseline_exits_2_before_auditing(tmp_path, monkeypatch, capsys):
@@ -145,7 +145,7 @@ def test_suppressed_findings_appear_in_sarif_as_suppressed():
         {fingerprint(report.findings[0]): 1}))
     sarif = json.loads(render(path_free, path_free.exit_code(), "sarif"))
     results = sarif["runs"][0]["results"]
-    assert len(results) == 10
+    assert len(results) == 5
     suppressed = [r for r in results if "suppressions" in r]
     assert len(suppressed) == 1 and suppressed[0]["suppressions"][0]["kind"] == "external"
 

@@ -95,10 +95,21 @@ def test_qa003_tracked_high_precision_info_and_silent_under_module_policy(audit)
                                          policy="module"))
 
 
-def test_qa003_is_an_error_when_the_module_is_repeated(audit):
+def test_qa003_leaves_a_repeated_module_to_qa001_which_names_the_cause(audit):
     mtp_hp = ATTN_HP.replace("'*self_attention*'", "'mtp.*'")
     report = audit(BASE + MTP + FP8 + "quant_recipe: recipe.yaml\n", mtp_hp)
-    assert {f.severity for f in report.findings if f.rule == "QA003"} == {"error"}
+    mtp = {f.rule for f in report.findings if f.module and f.module.startswith("mtp.")}
+    assert mtp == {"QA001"}  # one finding for one gradient loss, not a second error beside it
+    assert all("PR #7353" in f.fix for f in report.findings if f.rule == "QA001")
+
+
+def test_qa005_fix_names_the_tracking_cause_for_a_high_precision_module():
+    check = load_rules()["QA005"].check
+    records = [CallRecord("m", 0, 0, 1, True, True, None, True, decision="overwrite",
+                          backward_seq=1)]
+    assert "PR #7353" not in next(iter(check(_facts(records)))).fix  # fp8: the cache is why
+    high = next(iter(check(_facts(records, precision="bf16"))))
+    assert high.fix.startswith("PR #7353 (--policy module)")
 
 
 def test_qa004_quantized_untracked(audit):
@@ -106,8 +117,8 @@ def test_qa004_quantized_untracked(audit):
     assert "QA004" not in rules_of(audit(BASE + FP8))
 
 
-def _facts(records, calls=2):
-    row = ModuleRow("m", "TELinear", "fp8/tensorwise", "-", "yes", "overwrite-first", calls, 0)
+def _facts(records, calls=2, precision="fp8/tensorwise"):
+    row = ModuleRow("m", "TELinear", precision, "-", "yes", "overwrite-first", calls, 0)
     from qaudit.load.config import ModelConfig
 
     config = ModelConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
