@@ -104,11 +104,10 @@ def test_qa003_leaves_a_repeated_module_to_qa001_which_names_the_cause(audit):
 
 
 def test_qa005_fix_names_the_tracking_cause_for_a_high_precision_module():
-    check = load_rules()["QA005"].check
-    records = [CallRecord("m", 0, 0, 1, True, True, None, True, decision="overwrite",
-                          backward_seq=1)]
-    assert "PR #7353" not in next(iter(check(_facts(records)))).fix  # fp8: the cache is why
-    high = next(iter(check(_facts(records, precision="bf16"))))
+    check = load_rules()["QA005"].findings
+    records = [_call(1, True, decision="overwrite", backward_seq=1)]
+    assert "PR #7353" not in check(_facts(records))[0].fix  # fp8: the cache is why
+    high = check(_facts(records, precision="bf16"))[0]
     assert high.fix.startswith("PR #7353 (--policy module)")
 
 
@@ -118,23 +117,29 @@ def test_qa004_quantized_untracked(audit):
 
 
 def _facts(records, calls=2, precision="fp8/tensorwise"):
-    row = ModuleRow("m", "TELinear", precision, "-", "yes", "overwrite-first", calls, 0)
+    row = ModuleRow(name="m", type="TELinear", precision=precision, recipe="-", tracked="yes",
+                    accumulation="overwrite-first", calls_per_microbatch=calls,
+                    nograd_calls_per_microbatch=0)
     from qaudit.load.config import ModelConfig
 
     config = ModelConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
-    return AuditFacts(config, None, POLICIES["config"], [row], {"m": records}, {"m": False},
-                      ["m"], {})
+    return AuditFacts(config=config, recipe=None, policy=POLICIES["config"], rows=[row],
+                      records={"m": records}, overwrite_main_grad={"m": False}, te_modules=["m"],
+                      bindings={})
+
+
+def _call(call: int, flag: bool | None, **outcome) -> CallRecord:
+    """Call `call` of module m in step 0, microbatch 0, with grad, training, unquantized."""
+    return CallRecord(module="m", step=0, microbatch=0, call=call, flag=flag, grad=True,
+                      quant=None, training=True, **outcome)
 
 
 def test_qa005_overwrite_that_ran_first_is_order_dependent():
-    check = load_rules()["QA005"].check
-    first_runs_first = [CallRecord("m", 0, 0, 1, True, True, None, True, decision="overwrite",
-                                   backward_seq=1),
-                        CallRecord("m", 0, 0, 2, False, True, None, True, decision="accumulate",
-                                   backward_seq=2)]
+    check = load_rules()["QA005"].findings
+    first_runs_first = [_call(1, True, decision="overwrite", backward_seq=1),
+                        _call(2, False, decision="accumulate", backward_seq=2)]
     assert [f.rule for f in check(_facts(first_runs_first))] == ["QA005"]
-    lost = [CallRecord("m", 0, 0, 1, True, True, None, True, decision="overwrite",
-                       backward_seq=2, lossy=True)]
+    lost = [_call(1, True, decision="overwrite", backward_seq=2, lossy=True)]
     assert list(check(_facts(lost))) == []
     single = first_runs_first[:1]
     assert list(check(_facts(single, calls=1))) == []
@@ -193,7 +198,7 @@ def test_qa017_layer_number_pattern_only_with_pipelining(audit):
 
 
 def test_qa090_reports_source_notes():
-    check = load_rules()["QA090"].check
+    check = load_rules()["QA090"].findings
     facts = _facts([])
     assert list(check(facts)) == []
     from pathlib import Path

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from qaudit.judge.report import Finding
-from qaudit.judge.rules import AuditFacts, rule
+from qaudit.judge.rules import AuditFacts, Hit, rule
 
 
 @rule("QA003", "info", "tracked module runs in high precision")
-def check(facts: AuditFacts) -> Iterable[Finding]:
+def check(facts: AuditFacts) -> Iterable[Hit]:
     """The module executes in high precision (no weight cache to refresh), yet Megatron passes
     it `is_first_microbatch=True` after each re-arm, so its first wgrad overwrites
     `main_grad`. The module runs once per microbatch, so the overwrite lands on a freshly
@@ -33,7 +32,8 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
         fix = ("Megatron-LM main (PR #6965, --megatron main) passes None when the config "
                "quantizes nothing" if row.tracked == "stale" else
                "PR #7353 (--policy module) passes None to high-precision modules")
-        yield Finding("QA003", "info", module,
-                      f"{module}: runs bf16 but is tracked: its first call overwrites main_grad "
-                      "for nothing (harmless here: the overwrite lands on a freshly zeroed "
-                      "buffer)", facts.config.file, None, fix)
+        yield Hit(module=module,
+                  message=(f"{module}: runs bf16 but is tracked: its first call overwrites "
+                           "main_grad for nothing (harmless here: the overwrite lands on a "
+                           "freshly zeroed buffer)"),
+                  file=facts.config.file, line=None, fix=fix)

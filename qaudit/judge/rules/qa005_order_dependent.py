@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from qaudit.judge.report import Finding
-from qaudit.judge.rules import AuditFacts, rule
+from qaudit.judge.rules import AuditFacts, Hit, rule
 
 
 @rule("QA005", "warning", "repeated module overwrites, safe only by backward order")
-def check(facts: AuditFacts) -> Iterable[Finding]:
+def check(facts: AuditFacts) -> Iterable[Hit]:
     """The module runs more than once per microbatch with fused wgrad accumulation and one call
     gets `is_first_microbatch=True` (an overwrite in backward), yet nothing was lost in this
     run: the overwriting backward happened to run first. Autograd's order among independent
@@ -27,11 +26,11 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
         overwrites = [r for r in records if r.grad and r.decision == "overwrite"]
         if overwrites:
             first = overwrites[0]
-            yield Finding("QA005", "warning", module,
-                          f"{module}: called {row.calls_per_microbatch}x per microbatch; call "
-                          f"{first.call} overwrites main_grad but its backward ran first, so "
-                          "nothing was lost in this run", facts.config.file, None,
-                          _fix(row))
+            yield Hit(module=module,
+                      message=(f"{module}: called {row.calls_per_microbatch}x per microbatch; call "
+                               f"{first.call} overwrites main_grad but its backward ran first, so "
+                               "nothing was lost in this run"),
+                      file=facts.config.file, line=None, fix=_fix(row))
 
 
 def _fix(row) -> str:
