@@ -202,7 +202,8 @@ def test_sarif_results_point_at_the_yaml_line_with_rule_metadata():
 def test_sarif_levels_follow_severity():
     finding = dict(rule="QA004", severity="info", module=None, message="m", file="r.yaml",
                    line=3, fix="")
-    report = Report("reference (CPU)", "config", "c.yaml", None, 2, 2,
+    report = Report(runtime="reference (CPU)", policy="config", config="c.yaml", recipe=None,
+                    steps=2, microbatches=2,
                     findings=[Finding(**finding), Finding(**{**finding, "severity": "warning"})])
     levels = [r["level"] for r in json.loads(render(report, 0, "sarif"))["runs"][0]["results"]]
     assert levels == ["note", "warning"]
@@ -216,8 +217,10 @@ def test_paths_are_repository_relative(tmp_path, monkeypatch):
     outside = repo_relative("/elsewhere/x.yaml", cwd=tmp_path)
     assert not outside.startswith("/") and outside.endswith("elsewhere/x.yaml")
     # the uri in SARIF and file= in annotations use it
-    report = Report("reference (CPU)", "config", str(tmp_path / "c.yaml"), None, 1, 1,
-                    findings=[Finding("QA001", "error", "m", "m: x", str(tmp_path / "c.yaml"), 4)])
+    report = Report(runtime="reference (CPU)", policy="config", config=str(tmp_path / "c.yaml"),
+                    recipe=None, steps=1, microbatches=1,
+                    findings=[Finding(rule="QA001", severity="error", module="m", message="m: x",
+                                      file=str(tmp_path / "c.yaml"), line=4)])
     monkeypatch.chdir(tmp_path)
     uri = json.loads(render(report, 1, "sarif"))["runs"][0]["results"][0]["locations"][0]
     assert uri["physicalLocation"]["artifactLocation"]["uri"] == "c.yaml"
@@ -232,9 +235,12 @@ def test_github_format_lines():
         "::error file=configs/gpt-mtp-fp8-mtp-bf16.yaml,line=9,title=QA001::mtp.layers.0.eh_proj: ")
     assert all(line.startswith("::error ") for line in lines[:-1])
     assert lines[-1] == "qaudit: 5 error(s), 0 warning(s)   exit 1"
-    report = Report("r", "config", "c.yaml", None, 1, 1, findings=[
-        Finding("QA010", "warning", None, "50%, a: b\nc", "r.yaml", 2, "fix it"),
-        Finding("QA004", "info", "m", "m: n", None, None, "")])
+    report = Report(runtime="r", policy="config", config="c.yaml", recipe=None, steps=1,
+                    microbatches=1, findings=[
+        Finding(rule="QA010", severity="warning", module=None, message="50%, a: b\nc",
+                file="r.yaml", line=2, fix="fix it"),
+        Finding(rule="QA004", severity="info", module="m", message="m: n", file=None, line=None,
+                fix="")])
     out = render(report, 0, "github").splitlines()
     assert out[0] == "::warning file=r.yaml,line=2,title=QA010::50%25, a: b%0Ac%0Afix: fix it"
     assert out[1] == "::notice title=QA004::m: n"
@@ -297,7 +303,9 @@ def test_wide_terminal_gets_one_line_per_module():
 
 def test_collapse_keeps_order_and_splits_odd_layers():
     def row(name, precision="fp8/mxfp8"):
-        return ModuleRow(name, "TERowParallelLinear", precision, "-", "yes", "overwrite-first", 1, 0)
+        return ModuleRow(name=name, type="TERowParallelLinear", precision=precision, recipe="-",
+                         tracked="yes", accumulation="overwrite-first", calls_per_microbatch=1,
+                         nograd_calls_per_microbatch=0)
 
     rows = [row(f"decoder.layers.{i}.{kind}", "bf16" if i == 2 and kind == "b" else "fp8/mxfp8")
             for i in range(5) for kind in ("a", "b")] + [row("output_layer", "bf16")]

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from qaudit.load.recipe import QuantRecipe
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CrossCheck:
     megatron: str  # the installed version ("unknown" when package_info.py does not say)
     location: str  # where it was imported from
@@ -229,16 +229,20 @@ class CrossCheckJob:
     def result(self, run: "AuditRun") -> CrossCheck:
         version, where = self.location.version or "unknown", str(self.location.root)
         if self.unsupported:
-            return CrossCheck(version, where, 0, [], False, [self.unsupported])
+            return CrossCheck(megatron=version, location=where, modules_compared=0,
+                              differences=[], ran=False, not_covered=[self.unsupported])
         side = self._side()
         if side.skipped:
-            return CrossCheck(version, where, 0, [], False, [side.skipped])
+            return CrossCheck(megatron=version, location=where, modules_compared=0,
+                              differences=[], ran=False, not_covered=[side.skipped])
         built = side.built
         not_covered = self.not_covered + side.not_covered + list(built.notes)
         if built.rejected is not None:
             # Nothing to compare module by module: the installed Megatron refuses the config.
-            return CrossCheck(version, where, 0, [Difference(
-                "-", "build", "audits it", f"rejects it: {built.rejected}")], False, not_covered)
+            return CrossCheck(megatron=version, location=where, modules_compared=0,
+                              differences=[Difference("-", "build", "audits it",
+                                                      f"rejects it: {built.rejected}")],
+                              ran=False, not_covered=not_covered)
         ours = qaudit_facts(run)
         # Modules qaudit runs inside a CUDA graph: the CPU run has no graphs (docs/cross-check.md).
         graphed = frozenset(facts.name for facts in ours if facts.tracked == "graph")
@@ -249,7 +253,8 @@ class CrossCheckJob:
         differences.extend(Difference("-", "config field", "accepted", "not a field of the "
                                       "installed TransformerConfig: " + name)
                            for name in side.unknown_fields)
-        return CrossCheck(version, where, len(ours), differences, built.ran, not_covered)
+        return CrossCheck(megatron=version, location=where, modules_compared=len(ours),
+                          differences=differences, ran=built.ran, not_covered=not_covered)
 
     def cancel(self) -> None:
         if self.pool is not None:
