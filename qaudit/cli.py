@@ -244,14 +244,26 @@ def written_files(outputs: list[tuple[str, str]], write_baseline: str | None = N
     return written
 
 
+class RulesFormat(str, Enum):
+    table = "table"
+    markdown = "markdown"
+
+
 @app.command("rules")
-def list_rules() -> None:
+def list_rules(output_format: RulesFormat = typer.Option(
+        RulesFormat.table, "--format", "-f",
+        help="table, or markdown (the README's rule table, linking docs/rules/).")) -> None:
     """List every rule: ID, severity, title."""
     from tabulate import tabulate
 
     from qaudit.judge.rules import load_rules
+    from qaudit.render.rules_doc import rules_table
 
-    rows = [(r.id, r.severity, r.title) for r in load_rules().values()]
+    rules = load_rules()
+    if output_format is RulesFormat.markdown:
+        typer.echo(rules_table(rules), nl=False)
+        return
+    rows = [(r.id, r.severity, r.title) for r in rules.values()]
     typer.echo(tabulate(rows, headers=("rule", "severity", "title"), tablefmt="simple"))
 
 

@@ -31,15 +31,18 @@ def run_in_process(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
 
 
 def test_fingerprint_ignores_lines_and_files_but_not_rule_module_or_entry():
-    f = Finding("QA001", "error", "mtp.layers.0.eh_proj", "mtp.layers.0.eh_proj: x", "a.yaml", 8)
+    f = Finding(rule="QA001", severity="error", module="mtp.layers.0.eh_proj",
+                message="mtp.layers.0.eh_proj: x", file="a.yaml", line=8)
     assert fingerprint(f) == fingerprint(replace(f, line=30, file="b.yaml", message="changed"))
     assert fingerprint(f) != fingerprint(replace(f, module="mtp.layers.1.eh_proj"))
     assert fingerprint(f) != fingerprint(replace(f, rule="QA003"))
-    m = Finding("QA010", "warning", None, "matcher 'attention' has no 'enabled: true'", "r.yaml", 7)
+    m = Finding(rule="QA010", severity="warning", module=None,
+                message="matcher 'attention' has no 'enabled: true'", file="r.yaml", line=7)
     assert finding_key(m) == "'attention'"
     assert fingerprint(m) == fingerprint(replace(m, line=9))
     assert fingerprint(m) != fingerprint(replace(m, message="matcher 'mlp' has no 'enabled'"))
-    n = Finding("QA090", "warning", None, "recompute at line 12 is not modelled", "c.yaml", 12)
+    n = Finding(rule="QA090", severity="warning", module=None,
+                message="recompute at line 12 is not modelled", file="c.yaml", line=12)
     assert fingerprint(n) == fingerprint(replace(n, message="recompute at line 14 is not modelled"))
 
 
@@ -48,21 +51,22 @@ def test_baseline_round_trip_reports_only_new_findings(tmp_path):
     path = tmp_path / "baseline.json"
     path.write_text(baseline_text(report))
     data = json.loads(path.read_text())
-    assert data["schema"] == "qaudit-baseline/1" and len(data["findings"]) == 10
+    assert data["schema"] == "qaudit-baseline/1" and len(data["findings"]) == 5
     assert all("line" not in entry for entry in data["findings"])
     accepted = load_baseline(str(path))
     filtered = apply_baseline(report, accepted)
-    assert filtered.findings == [] and len(filtered.suppressed) == 10
+    assert filtered.findings == [] and len(filtered.suppressed) == 5
     assert filtered.exit_code() == 0
     assert {f.suppression for f in filtered.suppressed} == {"baseline"}
     # a new finding is reported, and only it counts
-    extra = Finding("QA001", "error", "output_layer", "output_layer: x", "c.yaml", 3)
+    extra = Finding(rule="QA001", severity="error", module="output_layer",
+                    message="output_layer: x", file="c.yaml", line=3)
     grown = replace(report, findings=report.findings + [extra])
     filtered = apply_baseline(grown, accepted)
     assert filtered.findings == [extra] and filtered.exit_code() == 1
     # rewriting the baseline from a filtered report keeps the accepted ones
     again = json.loads(baseline_text(filtered))
-    assert len(again["findings"]) == 11
+    assert len(again["findings"]) == 6
 
 
 @pytest.mark.parametrize("text,message", [
@@ -86,10 +90,15 @@ def test_ignore_comment_on_the_line_or_above(tmp_path):
                       "  # qaudit: ignore\n"
                       "  b: {pattern: y}\n"
                       "  c: {pattern: z}  # qaudit: ignore[QA011]\n")
-    findings = [Finding("QA010", "warning", None, "matcher 'a'", str(recipe), 2),
-                Finding("QA011", "warning", None, "matcher 'b'", str(recipe), 4),
-                Finding("QA010", "warning", None, "matcher 'c'", str(recipe), 5),
-                Finding("QA010", "warning", None, "no file", None, None)]
+
+    def warning(rule, message, file, line):
+        return Finding(rule=rule, severity="warning", module=None, message=message, file=file,
+                       line=line)
+
+    findings = [warning("QA010", "matcher 'a'", str(recipe), 2),
+                warning("QA011", "matcher 'b'", str(recipe), 4),
+                warning("QA010", "matcher 'c'", str(recipe), 5),
+                warning("QA010", "no file", None, None)]
     report = replace(golden(), findings=findings)
     kept = apply_comments(report)
     assert [f.message for f in kept.findings] == ["matcher 'c'", "no file"]
@@ -107,19 +116,19 @@ def test_cli_baseline_with_shifted_lines(tmp_path, monkeypatch, capsys):
     baseline = tmp_path / "qaudit-baseline.json"
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",
                                   "--write-baseline", str(baseline), "--format", "json")
-    assert code == 1 and len(json.loads(baseline.read_text())["findings"]) == 10
+    assert code == 1 and len(json.loads(baseline.read_text())["findings"]) == 5
 
     config.write_text("# a comment that moves every line\n\n" + config.read_text())
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",
                                   "--baseline", str(baseline), "--format", "json")
     data = json.loads(out)
-    assert code == 0 and data["findings"] == [] and len(data["suppressed"]) == 10
+    assert code == 0 and data["findings"] == [] and len(data["suppressed"]) == 5
     assert data["summary"] == {"error": 0, "warning": 0, "info": 0} and data["exit_code"] == 0
 
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",
                                   "--baseline", str(baseline))
-    assert code == 0 and "10 finding(s) suppressed" in out
-    assert out.rstrip().endswith("0 error(s), 0 warning(s), 10 suppressed   exit 0")
+    assert code == 0 and "5 finding(s) suppressed" in out
+    assert out.rstrip().endswith("0 error(s), 0 warning(s), 5 suppressed   exit 0")
 
 
 def test_cli_bad_baseline_exits_2_before_auditing(tmp_path, monkeypatch, capsys):
@@ -145,7 +154,7 @@ def test_suppressed_findings_appear_in_sarif_as_suppressed():
         {fingerprint(report.findings[0]): 1}))
     sarif = json.loads(render(path_free, path_free.exit_code(), "sarif"))
     results = sarif["runs"][0]["results"]
-    assert len(results) == 10
+    assert len(results) == 5
     suppressed = [r for r in results if "suppressions" in r]
     assert len(suppressed) == 1 and suppressed[0]["suppressions"][0]["kind"] == "external"
 

@@ -71,10 +71,11 @@ def test_rule_qa030_turns_each_difference_into_an_error(monkeypatch):
 
     config, recipe = load_inputs(str(REPO / "configs" / "gpt-small-bf16.yaml"))
     run = run_audit(config, recipe, AuditOptions())
-    run.facts.cross_check = CrossCheck("0.19.2", "/x", 17, [
+    run.facts.cross_check = CrossCheck(megatron="0.19.2", location="/x", modules_compared=17,
+                                       ran=True, differences=[
         Difference("decoder.layers.0.mlp.linear_fc1", "upstream_class",
                    "TELayerNormColumnParallelLinear", "TEColumnParallelLinear"),
-        Difference("-", "build", "audits it", "rejects it: GPTModel: AssertionError: no")], True)
+        Difference("-", "build", "audits it", "rejects it: GPTModel: AssertionError: no")])
     found = [f for f in judge(run.facts) if f.rule == "QA030"]
     assert [(f.severity, f.module) for f in found] == [
         ("error", "decoder.layers.0.mlp.linear_fc1"), ("error", None)]

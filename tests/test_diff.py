@@ -76,7 +76,7 @@ def test_diff_of_two_configs_end_to_end():
     assert "mtp.layers.0.eh_proj" in names and "output_layer" not in names
     decoder = next(m for m in data["modules"] if m["name"].startswith("decoder."))
     assert decoder["changes"]["precision"] == {"base": "bf16", "head": "fp8/tensorwise"}
-    assert {f["rule"] for f in data["findings"]["new"]} == {"QA001", "QA003"}
+    assert {f["rule"] for f in data["findings"]["new"]} == {"QA001"}
 
 
 def test_diff_bad_input_exits_2(monkeypatch, capsys, tmp_path):

@@ -23,7 +23,11 @@ def config(**fields) -> ModelConfig:
 def recipe(quant: Quant | None = None, override_q=True, override_nonq=False) -> TERecipe:
     fp8 = quant.recipe if quant and quant.fmt == "fp8" else None
     fp4 = quant.recipe if quant and quant.fmt == "fp4" else None
-    return TERecipe(fp8, fp4, None, "e4m3", override_q, override_nonq, False, False, False)
+    return TERecipe(fp8_quantization_recipe=fp8, fp4_quantization_recipe=fp4,
+                    custom_recipe_factory=None, fp8_format="e4m3",
+                    override_quantized_autocast=override_q,
+                    override_nonquantized_autocast=override_nonq, tp_only_amax_red=False,
+                    fp8_param=False, fp4_param=False)
 
 
 def test_first_last_rule_uses_global_zero_based_index():

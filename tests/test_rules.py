@@ -95,10 +95,20 @@ def test_qa003_tracked_high_precision_info_and_silent_under_module_policy(audit)
                                          policy="module"))
 
 
-def test_qa003_is_an_error_when_the_module_is_repeated(audit):
+def test_qa003_leaves_a_repeated_module_to_qa001_which_names_the_cause(audit):
     mtp_hp = ATTN_HP.replace("'*self_attention*'", "'mtp.*'")
     report = audit(BASE + MTP + FP8 + "quant_recipe: recipe.yaml\n", mtp_hp)
-    assert {f.severity for f in report.findings if f.rule == "QA003"} == {"error"}
+    mtp = {f.rule for f in report.findings if f.module and f.module.startswith("mtp.")}
+    assert mtp == {"QA001"}  # one finding for one gradient loss, not a second error beside it
+    assert all("PR #7353" in f.fix for f in report.findings if f.rule == "QA001")
+
+
+def test_qa005_fix_names_the_tracking_cause_for_a_high_precision_module():
+    check = load_rules()["QA005"].findings
+    records = [_call(1, True, decision="overwrite", backward_seq=1)]
+    assert "PR #7353" not in check(_facts(records))[0].fix  # fp8: the cache is why
+    high = check(_facts(records, precision="bf16"))[0]
+    assert high.fix.startswith("PR #7353 (--policy module)")
 
 
 def test_qa004_quantized_untracked(audit):
@@ -106,24 +116,30 @@ def test_qa004_quantized_untracked(audit):
     assert "QA004" not in rules_of(audit(BASE + FP8))
 
 
-def _facts(records, calls=2):
-    row = ModuleRow("m", "TELinear", "fp8/tensorwise", "-", "yes", "overwrite-first", calls, 0)
+def _facts(records, calls=2, precision="fp8/tensorwise"):
+    row = ModuleRow(name="m", type="TELinear", precision=precision, recipe="-", tracked="yes",
+                    accumulation="overwrite-first", calls_per_microbatch=calls,
+                    nograd_calls_per_microbatch=0)
     from qaudit.load.config import ModelConfig
 
     config = ModelConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
-    return AuditFacts(config, None, POLICIES["config"], [row], {"m": records}, {"m": False},
-                      ["m"], {})
+    return AuditFacts(config=config, recipe=None, policy=POLICIES["config"], rows=[row],
+                      records={"m": records}, overwrite_main_grad={"m": False}, te_modules=["m"],
+                      bindings={})
+
+
+def _call(call: int, flag: bool | None, **outcome) -> CallRecord:
+    """Call `call` of module m in step 0, microbatch 0, with grad, training, unquantized."""
+    return CallRecord(module="m", step=0, microbatch=0, call=call, flag=flag, grad=True,
+                      quant=None, training=True, **outcome)
 
 
 def test_qa005_overwrite_that_ran_first_is_order_dependent():
-    check = load_rules()["QA005"].check
-    first_runs_first = [CallRecord("m", 0, 0, 1, True, True, None, True, decision="overwrite",
-                                   backward_seq=1),
-                        CallRecord("m", 0, 0, 2, False, True, None, True, decision="accumulate",
-                                   backward_seq=2)]
+    check = load_rules()["QA005"].findings
+    first_runs_first = [_call(1, True, decision="overwrite", backward_seq=1),
+                        _call(2, False, decision="accumulate", backward_seq=2)]
     assert [f.rule for f in check(_facts(first_runs_first))] == ["QA005"]
-    lost = [CallRecord("m", 0, 0, 1, True, True, None, True, decision="overwrite",
-                       backward_seq=2, lossy=True)]
+    lost = [_call(1, True, decision="overwrite", backward_seq=2, lossy=True)]
     assert list(check(_facts(lost))) == []
     single = first_runs_first[:1]
     assert list(check(_facts(single, calls=1))) == []
@@ -182,7 +198,7 @@ def test_qa017_layer_number_pattern_only_with_pipelining(audit):
 
 
 def test_qa090_reports_source_notes():
-    check = load_rules()["QA090"].check
+    check = load_rules()["QA090"].findings
     facts = _facts([])
     assert list(check(facts)) == []
     from pathlib import Path

@@ -22,7 +22,7 @@ TRAINING_BYTES_PER_PARAM = 2 + 4 + 4 + 8
 KEEP_BF16 = "qaudit_keep_bf16"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Suggestion:
     remedy: str
     passes: bool
@@ -47,13 +47,18 @@ def _bf16_pattern(modules: list[str]) -> str:
 
 
 def _recipe_forcing_bf16(recipe: QuantRecipe | None, pattern: str, file: str) -> QuantRecipe:
-    hp = TERecipe(None, None, None, "e4m3", True, False, False, False, False)
+    hp = TERecipe(fp8_quantization_recipe=None, fp4_quantization_recipe=None,
+                  custom_recipe_factory=None, fp8_format="e4m3", override_quantized_autocast=True,
+                  override_nonquantized_autocast=False, tp_only_amax_red=False, fp8_param=False,
+                  fp4_param=False)
     configs = YamlMap(recipe.configs if recipe else {})
     configs[KEEP_BF16] = {"transformer_engine_config_type": "TEQuantizationParams",
                           "training_recipe": {}}
-    forced = QuantRecipe(recipe.file if recipe else file, configs,
-                         [Matcher(KEEP_BF16, pattern, KEEP_BF16, None)] + (recipe.matchers if recipe else []),
-                         recipe.disabled_matchers if recipe else [], dict(recipe._parsed) if recipe else {})
+    forced = QuantRecipe(file=recipe.file if recipe else file, configs=configs,
+                         matchers=[Matcher(KEEP_BF16, pattern, KEEP_BF16, None)]
+                         + (recipe.matchers if recipe else []),
+                         disabled_matchers=recipe.disabled_matchers if recipe else [],
+                         _parsed=dict(recipe._parsed) if recipe else {})
     forced._parsed[KEEP_BF16] = QuantConfig(KEEP_BF16, hp, None, None)
     return forced
 
@@ -112,5 +117,6 @@ def suggest(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptio
     results = []
     for remedy, new_config, new_recipe, new_options, cost, yaml_lines in candidates:
         errors = reaudit(new_config, new_recipe, new_options).counts().get("error", 0)
-        results.append(Suggestion(remedy, errors == 0, cost, yaml_lines, errors))
+        results.append(Suggestion(remedy=remedy, passes=errors == 0, cost=cost, yaml=yaml_lines,
+                                  remaining_errors=errors))
     return results

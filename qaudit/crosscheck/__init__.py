@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from qaudit.load.recipe import QuantRecipe
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CrossCheck:
     megatron: str  # the installed version ("unknown" when package_info.py does not say)
     location: str  # where it was imported from
@@ -258,12 +258,15 @@ def cross_check(ours: Builder, theirs: Builder, location: MegatronLocation) -> C
     version, where = location.version or "unknown", str(location.root)
     built = theirs.build()
     if built.skipped:
-        return CrossCheck(version, where, 0, [], False, [built.skipped])
+        return CrossCheck(megatron=version, location=where, modules_compared=0, differences=[],
+                          ran=False, not_covered=[built.skipped])
     not_covered = list(built.notes)
     if built.rejected is not None:
         # Nothing to compare module by module: the installed Megatron refuses the config.
-        return CrossCheck(version, where, 0, [Difference(
-            "-", "build", "audits it", f"rejects it: {built.rejected}")], False, not_covered)
+        return CrossCheck(megatron=version, location=where, modules_compared=0,
+                          differences=[Difference("-", "build", "audits it",
+                                                  f"rejects it: {built.rejected}")],
+                          ran=False, not_covered=not_covered)
     mine = ours.build().modules
     # Modules qaudit runs inside a CUDA graph: the CPU run has no graphs (docs/cross-check.md).
     graphed = frozenset(facts.name for facts in mine if facts.tracked == "graph")
@@ -274,4 +277,5 @@ def cross_check(ours: Builder, theirs: Builder, location: MegatronLocation) -> C
     differences.extend(Difference("-", "config field", "accepted", "not a field of the "
                                   "installed TransformerConfig: " + name)
                        for name in built.unknown_fields)
-    return CrossCheck(version, where, len(mine), differences, built.ran, not_covered)
+    return CrossCheck(megatron=version, location=where, modules_compared=len(mine),
+                      differences=differences, ran=built.ran, not_covered=not_covered)

@@ -182,7 +182,7 @@ def _recording_binder(gpt_model_module: Any) -> Iterator[dict[str, str]]:
         gpt_model_module.get_quant_config_or_none = original
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Chunk:
     """One model chunk: a pipeline stage's (virtual) part, or the whole model."""
 
@@ -277,7 +277,8 @@ def _build_chunk(classes: dict[str, Any], config: Any, upstream: UpstreamInput, 
         except (AssertionError, ValueError, AttributeError, TypeError, ImportError,
                 NotImplementedError) as exc:
             raise Rejected(f"GPTModel: {type(exc).__name__}: {exc}{_where(exc)}") from exc
-    return Chunk(prefix, stage, index, model, bound, pre, post)
+    return Chunk(prefix=prefix, stage=stage, index=index, model=model, bound=bound,
+                 pre_process=pre, post_process=post)
 
 
 def _share_embedding_copies(chunks: list[Chunk]) -> None:

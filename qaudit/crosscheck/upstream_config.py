@@ -39,7 +39,7 @@ KERNEL_FUSIONS = ("bias_activation_fusion", "masked_softmax_fusion", "persist_la
                   "moe_router_fusion", "cross_entropy_loss_fusion")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class UpstreamInput:
     """What the builder hands to upstream's classes."""
 
@@ -122,7 +122,8 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
         "share_embeddings_and_output_weights": config.share_embeddings_and_output_weights,
     }
     model_kwargs.update({key: written[key] for key in GPT_MODEL_ARGS if key in written})
-    return UpstreamInput(mla, kwargs, model_kwargs, recipe_file, unknown,
+    return UpstreamInput(mla=mla, config_kwargs=kwargs, model_kwargs=model_kwargs,
+                         recipe_path=recipe_file, unknown_fields=unknown,
                          layer_spec=config.layer_spec,
                          overwrite_main_grad=_fsdp_overwrites(
                              written.get("use_megatron_fsdp", False),
@@ -203,8 +204,8 @@ def from_arguments(config: ModelConfig, argv: list[str],
         "position_embedding_type": args.position_embedding_type,
         "rotary_percent": args.rotary_percent, "rotary_base": args.rotary_base,
         "rope_scaling": args.use_rope_scaling}
-    upstream = UpstreamInput(bool(getattr(upstream_config, "multi_latent_attention", False)),
-                             kwargs, model_kwargs, None)
+    upstream = UpstreamInput(mla=bool(getattr(upstream_config, "multi_latent_attention", False)),
+                             config_kwargs=kwargs, model_kwargs=model_kwargs, recipe_path=None)
     upstream.prebuilt_recipe = upstream_config.quant_recipe
     upstream.environment = dict(environment or {})
     upstream.layer_spec = config.layer_spec

@@ -36,7 +36,7 @@ _IGNORE = re.compile(r"#\s*qaudit:\s*ignore(?:\[(?P<rules>[A-Za-z0-9_,\s]+)\])?"
 _MAX_BASELINE_BYTES = 16 * 1024 * 1024
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SuppressedFinding(Finding):
     """A finding that was found but is not reported: `baseline` or `comment`."""
 

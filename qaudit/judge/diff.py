@@ -21,7 +21,7 @@ FIELDS = ("precision", "recipe", "tracked", "accumulation", "calls_per_microbatc
 LABELS = {"calls_per_microbatch": "calls", "nograd_calls_per_microbatch": "no-grad calls"}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModuleChange:
     name: str
     status: str  # "changed", "added" or "removed"
@@ -30,7 +30,7 @@ class ModuleChange:
     head: ModuleRow | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ReportDiff:
     base: Report
     head: Report
@@ -85,18 +85,20 @@ def diff_reports(base: Report, head: Report) -> ReportDiff:
     for row in head.modules:
         old = base_rows.get(row.name)
         if old is None:
-            modules.append(ModuleChange(row.name, "added",
-                                        {f: (None, getattr(row, f, None)) for f in FIELDS},
-                                        None, row))
+            modules.append(ModuleChange(name=row.name, status="added",
+                                        changes={f: (None, getattr(row, f, None)) for f in FIELDS},
+                                        base=None, head=row))
             continue
         changes = {f: (getattr(old, f, None), getattr(row, f, None)) for f in FIELDS
                    if getattr(old, f, None) != getattr(row, f, None)}
         if changes:
-            modules.append(ModuleChange(row.name, "changed", changes, old, row))
+            modules.append(ModuleChange(name=row.name, status="changed", changes=changes, base=old,
+                                        head=row))
     for row in base.modules:
         if row.name not in head_rows:
-            modules.append(ModuleChange(row.name, "removed",
-                                        {f: (getattr(row, f, None), None) for f in FIELDS},
-                                        row, None))
-    return ReportDiff(base, head, modules, _finding_delta(base.findings, head.findings),
-                      _finding_delta(head.findings, base.findings))
+            modules.append(ModuleChange(name=row.name, status="removed",
+                                        changes={f: (getattr(row, f, None), None) for f in FIELDS},
+                                        base=row, head=None))
+    return ReportDiff(base=base, head=head, modules=modules,
+                      new=_finding_delta(base.findings, head.findings),
+                      fixed=_finding_delta(head.findings, base.findings))

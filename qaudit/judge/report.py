@@ -14,7 +14,7 @@ SCHEMA = "qaudit/1"
 SEVERITIES = ("error", "warning", "info")
 
 
-@dataclass
+@dataclass(kw_only=True)  # eight fields, four of them optional strings: by name only
 class Finding:
     rule: str
     severity: str
@@ -34,7 +34,7 @@ class Finding:
         self.fix = printable(self.fix, keep_newlines=True)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Report:
     runtime: str
     policy: str

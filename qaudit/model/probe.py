@@ -15,7 +15,7 @@ from typing import Callable
 from qaudit.load.precision import Quant
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CallRecord:
     module: str
     step: int
@@ -62,8 +62,9 @@ class Recorder:
                    training: bool, ambient: Quant | None = None, cache: str | None = None,
                    graph: bool = False) -> CallRecord:
         self._calls_in_mb[module] += 1
-        record = CallRecord(module, self.step, self.microbatch, self._calls_in_mb[module],
-                            flag, grad, quant, training, ambient,
+        record = CallRecord(module=module, step=self.step, microbatch=self.microbatch,
+                            call=self._calls_in_mb[module], flag=flag, grad=grad, quant=quant,
+                            training=training, ambient=ambient,
                             cache=cache if quant is not None else None, graph=graph)
         self.calls.append(record)
         return record

@@ -12,7 +12,7 @@ from qaudit.load.config import ModelConfig
 from qaudit.families.hybrid.fields import mixer_widths
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Dims:
     hidden: int
     heads: int
@@ -54,9 +54,11 @@ def model_dims(config: ModelConfig, full_size: bool = False) -> Dims:
     mla = config.multi_latent_attention
     if full_size:
         _, nheads, _ = mixer_widths(config)
-        return Dims(config.hidden_size, config.num_attention_heads, config.num_query_groups,
-                    config.kv_channels, config.ffn_hidden_size, config.moe_ffn_hidden_size,
-                    config.moe_shared_expert_intermediate_size or 0, config.vocab_size or 32000,
+        return Dims(hidden=config.hidden_size, heads=config.num_attention_heads,
+                    query_groups=config.num_query_groups, kv_channels=config.kv_channels,
+                    ffn=config.ffn_hidden_size, moe_ffn=config.moe_ffn_hidden_size,
+                    shared_ffn=config.moe_shared_expert_intermediate_size or 0,
+                    vocab=config.vocab_size or 32000,
                     q_lora_rank=config.q_lora_rank if mla else None,
                     kv_lora_rank=config.kv_lora_rank if mla else 0,
                     qk_head_dim=config.qk_head_dim if mla else 0,

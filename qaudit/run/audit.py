@@ -28,7 +28,7 @@ from qaudit.run.train import run_evaluation, run_training
 from qaudit.runtime import select_runtime
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AuditRun:
     """One built and run model with what the probes saw."""
 
@@ -138,7 +138,8 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
         overwrite_main_grad=overwrite, te_modules=te_modules, match_names=match_names,
         bindings=bindings, evaluation=options.evaluation, allow_import=options.allow_import,
         custom_factories=factories)
-    return AuditRun(model, session, records, rows_in_order, facts, snapshot or None)
+    return AuditRun(model=model, session=session, records=records, rows=rows_in_order, facts=facts,
+                    snapshot=snapshot or None)
 
 
 # Settings only the reference runtime reproduces (docs/te-settings.md); the te runtime would

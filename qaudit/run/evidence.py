@@ -13,7 +13,7 @@ from qaudit.plan.policies import TrackingPolicy
 from qaudit.run.rows import ModuleRow
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AuditFacts:
     """Everything a rule may look at."""
 

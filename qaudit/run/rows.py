@@ -10,7 +10,7 @@ from qaudit.load.precision import precision_label
 from qaudit.model.probe import CallRecord
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModuleRow:
     name: str
     type: str

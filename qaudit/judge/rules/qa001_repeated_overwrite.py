@@ -6,8 +6,7 @@ from typing import Iterable
 
 from qaudit.load.config import ModelConfig
 from qaudit.model.probe import CallRecord
-from qaudit.judge.report import Finding
-from qaudit.judge.rules import AuditFacts, rule
+from qaudit.judge.rules import AuditFacts, Hit, rule
 
 
 def _ordinal(n: int) -> str:
@@ -64,7 +63,7 @@ def _when(lossy: list[CallRecord], steps: int) -> str:
 
 
 @rule("QA001", "error", "repeated module overwrites its own main_grad")
-def check(facts: AuditFacts) -> Iterable[Finding]:
+def check(facts: AuditFacts) -> Iterable[Hit]:
     """A module runs more than once per microbatch with fused wgrad accumulation, and the
     backward of one call overwrites `main_grad` (beta 0) after other calls of the same
     microbatch had already written their gradient into it. Their contribution is lost
@@ -99,6 +98,6 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
         stale = row.tracked == "stale"
         message = (f"{module}: called {row.calls_per_microbatch}x per microbatch; {why}; "
                    f"gradient lost {_when(lossy, steps)} ({key})")
-        yield Finding("QA001", "error", module, message, facts.config.file, line,
-                      _fix(facts.config, module, facts.policy.name, stale, always,
+        yield Hit(module=module, message=message, file=facts.config.file, line=line,
+                  fix=_fix(facts.config, module, facts.policy.name, stale, always,
                            row.precision == "bf16"))

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from qaudit.load.precision import precision_label
-from qaudit.judge.report import Finding
-from qaudit.judge.rules import AuditFacts, rule
+from qaudit.judge.rules import AuditFacts, Hit, rule
 
 
 def _reuses_cache(record) -> bool:
@@ -14,7 +13,7 @@ def _reuses_cache(record) -> bool:
 
 
 @rule("QA002", "error", "quantized weight cache never refreshed (stale weights)")
-def check(facts: AuditFacts) -> Iterable[Finding]:
+def check(facts: AuditFacts) -> Iterable[Hit]:
     """A module executes quantized and caches its quantized weight, but its
     `is_first_microbatch` flag is never re-armed: after the first step every call passes
     False, and TE reuses the cached quantized weight as is. The optimizer updates the
@@ -43,11 +42,9 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
             continue
         precision = precision_label(next(r.quant for r in records if r.quant is not None))
         first = stale_steps[0] + 1
-        yield Finding(
-            "QA002", "error", module,
-            _message(module, precision, first, records),
-            facts.config.file, facts.config.line_of("quant_recipe"),
-            _fix(records))
+        yield Hit(module=module, message=_message(module, precision, first, records),
+                  file=facts.config.file, line=facts.config.line_of("quant_recipe"),
+                  fix=_fix(records))
 
 
 def _message(module: str, precision: str, first: int, records) -> str:

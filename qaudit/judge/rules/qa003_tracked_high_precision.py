@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from qaudit.judge.report import Finding
-from qaudit.judge.rules import AuditFacts, rule
+from qaudit.judge.rules import AuditFacts, Hit, rule
 
 
 @rule("QA003", "info", "tracked module runs in high precision")
-def check(facts: AuditFacts) -> Iterable[Finding]:
+def check(facts: AuditFacts) -> Iterable[Hit]:
     """The module executes in high precision (no weight cache to refresh), yet Megatron passes
     it `is_first_microbatch=True` after each re-arm, so its first wgrad overwrites
-    `main_grad`. For a module run once per microbatch that lands on a freshly zeroed buffer
-    and is harmless (info). For a module run several times per microbatch it is the #7353 trap
-    (error): the overwrite discards the other calls' gradients.
+    `main_grad`. The module runs once per microbatch, so the overwrite lands on a freshly
+    zeroed buffer and is harmless: a note that the flag is tracked for nothing.
+
+    A module run several times per microbatch is not reported here: there the same overwrite
+    discards the other calls' gradients (QA001, whose fix names PR #7353 for a high-precision
+    module) or only by luck of backward order does not (QA005).
 
     Fix: Megatron-LM PR #7353 (`--policy module`) passes None to modules that will not execute
     quantized.
@@ -25,13 +27,13 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
             continue
         if row.accumulation not in ("overwrite-first",):
             continue
-        repeated = row.calls_per_microbatch > 1
-        where = (f"called {row.calls_per_microbatch}x per microbatch, so the overwrite discards "
-                 "other calls' gradients" if repeated else
-                 "harmless here: the overwrite lands on a freshly zeroed buffer")
+        if row.calls_per_microbatch > 1:
+            continue  # the same overwrite is a gradient loss there: QA001 / QA005 report it
         fix = ("Megatron-LM main (PR #6965, --megatron main) passes None when the config "
                "quantizes nothing" if row.tracked == "stale" else
                "PR #7353 (--policy module) passes None to high-precision modules")
-        yield Finding("QA003", "error" if repeated else "info", module,
-                      f"{module}: runs bf16 but is tracked: its first call overwrites main_grad "
-                      f"for nothing ({where})", facts.config.file, None, fix)
+        yield Hit(module=module,
+                  message=(f"{module}: runs bf16 but is tracked: its first call overwrites "
+                           "main_grad for nothing (harmless here: the overwrite lands on a "
+                           "freshly zeroed buffer)"),
+                  file=facts.config.file, line=None, fix=fix)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from qaudit.judge.report import Finding
-from qaudit.judge.rules import AuditFacts, rule
+from qaudit.judge.rules import AuditFacts, Hit, rule
 
 
 @rule("QA004", "info", "quantized module untracked: weight re-quantized every call")
-def check(facts: AuditFacts) -> Iterable[Finding]:
+def check(facts: AuditFacts) -> Iterable[Hit]:
     """The module executes quantized but is passed `is_first_microbatch=None`, so TE keeps no
     quantized weight and quantizes it again on every call, every microbatch. Correct, but a
     cost: one weight quantization per call instead of one per step. Usually the result of
@@ -21,7 +20,8 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
         primary = any(r.cache == "primary" for r in facts.records.get(module, []))
         if row.tracked == "no" and row.precision not in ("bf16", "-") and not primary:
             line = facts.config.line_of("disable_parameter_transpose_cache")
-            yield Finding("QA004", "info", module,
-                          f"{module}: executes {row.precision} with is_first_microbatch=None: "
-                          "its weight is re-quantized on every call", facts.config.file, line,
-                          "if this is not deliberate, leave disable_parameter_transpose_cache off")
+            yield Hit(module=module,
+                      message=(f"{module}: executes {row.precision} with is_first_microbatch=None: "
+                               "its weight is re-quantized on every call"),
+                      file=facts.config.file, line=line,
+                      fix="if this is not deliberate, leave disable_parameter_transpose_cache off")

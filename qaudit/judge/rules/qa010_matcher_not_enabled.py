@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from qaudit.judge.report import Finding
-from qaudit.judge.rules import AuditFacts, rule
+from qaudit.judge.rules import AuditFacts, Hit, rule
 
 
 @rule("QA010", "warning", "recipe matcher is not enabled")
-def check(facts: AuditFacts) -> Iterable[Finding]:
+def check(facts: AuditFacts) -> Iterable[Hit]:
     """Megatron's recipe matchers default to `enabled: false`: a matcher that does not say
     `enabled: true` is skipped without a word, and the modules it was meant for keep their
     ambient precision. A matcher written with an explicit `enabled: false` is taken as
@@ -19,8 +18,8 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
         return
     for matcher in facts.recipe.disabled_matchers:
         if not matcher.explicit:
-            yield Finding("QA010", "warning", None,
-                          f"matcher '{matcher.name}' has no 'enabled: true' and is ignored "
-                          "(matchers are disabled by default)", facts.recipe.file, matcher.line,
-                          f"add 'enabled: true' to '{matcher.name}', or 'enabled: false' if "
-                          "it is parked on purpose")
+            yield Hit(message=(f"matcher '{matcher.name}' has no 'enabled: true' and is ignored "
+                               "(matchers are disabled by default)"),
+                      file=facts.recipe.file, line=matcher.line,
+                      fix=(f"add 'enabled: true' to '{matcher.name}', or 'enabled: false' if "
+                           "it is parked on purpose"))

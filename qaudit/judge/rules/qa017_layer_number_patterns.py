@@ -5,14 +5,13 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from qaudit.judge.report import Finding
-from qaudit.judge.rules import AuditFacts, rule
+from qaudit.judge.rules import AuditFacts, Hit, rule
 
 _LAYER_NUMBER = re.compile(r"layers\.(\d|\[[0-9])")
 
 
 @rule("QA017", "warning", "layer-number pattern under pipeline parallelism")
-def check(facts: AuditFacts) -> Iterable[Finding]:
+def check(facts: AuditFacts) -> Iterable[Hit]:
     """Module names use the layer's position inside its pipeline stage (or virtual chunk),
     not its global layer number: with `pipeline_model_parallel_size > 1`,
     `decoder.layers.0.…` exists once per stage. A pattern naming a layer number then matches
@@ -25,9 +24,9 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
         return
     for matcher in facts.recipe.matchers:
         if _LAYER_NUMBER.search(matcher.pattern):
-            yield Finding("QA017", "warning", None,
-                          f"matcher '{matcher.name}' (pattern {matcher.pattern!r}) names a layer "
-                          f"number, but with pipeline_model_parallel_size="
-                          f"{facts.config.pipeline_model_parallel_size} module names use "
-                          "stage-local layer indices", facts.recipe.file, matcher.line,
-                          "use first_last_layers_bf16 or a pattern without layer numbers")
+            yield Hit(message=(f"matcher '{matcher.name}' (pattern {matcher.pattern!r}) names "
+                               "a layer number, but with pipeline_model_parallel_size="
+                               f"{facts.config.pipeline_model_parallel_size} module names use "
+                               "stage-local layer indices"),
+                      file=facts.recipe.file, line=matcher.line,
+                      fix="use first_last_layers_bf16 or a pattern without layer numbers")

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from qaudit.judge.report import Finding
-from qaudit.judge.rules import AuditFacts, rule
+from qaudit.judge.rules import AuditFacts, Hit, rule
 from qaudit.load.yamlio import short_repr
 
 
 @rule("QA020", "info", "custom recipe not executed")
-def check(facts: AuditFacts) -> Iterable[Finding]:
+def check(facts: AuditFacts) -> Iterable[Hit]:
     """A recipe selects `fp8_quantization_recipe: custom` (or `fp4_quantization_recipe:
     custom`) for some modules. Such a recipe is Python code: `custom_recipe_factory` names a
     quantizer factory ('pkg.module.factory') that Megatron imports and Transformer Engine calls
@@ -54,6 +53,5 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
                        f"{stand_in} fake quantization as a stand-in")
             fix = ("tracking and accumulation verdicts hold; pass --allow-import to import and "
                    "call the factory (runs its code)")
-        yield Finding("QA020", "info", None, message,
-                      facts.recipe.file if facts.recipe else None, recipes[(name, factory, fmt)].line,
-                      fix)
+        yield Hit(message=message, file=facts.recipe.file if facts.recipe else None,
+                  line=recipes[(name, factory, fmt)].line, fix=fix)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from qaudit.judge.report import Finding
-from qaudit.judge.rules import AuditFacts, rule
+from qaudit.judge.rules import AuditFacts, Hit, rule
 
 _FIELD_WORDS = {
     "module": "module", "upstream_class": "class", "recipe": "recipe config bound",
@@ -19,7 +18,7 @@ _RUN_FIELDS = {"tracked", "accumulation"}
 
 
 @rule("QA030", "error", "qaudit's model differs from the installed Megatron's")
-def check(facts: AuditFacts) -> Iterable[Finding]:
+def check(facts: AuditFacts) -> Iterable[Hit]:
     """With `--cross-check`, qaudit also builds the config with the Megatron you have
     installed (megatron-core, or a Megatron-LM checkout on `PYTHONPATH`): upstream's own
     `TransformerConfig`, TE layer specs, MTP block, `GPTModel` and its `finish_init` recipe
@@ -46,7 +45,8 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
         what = _FIELD_WORDS.get(difference.field, difference.field)
         module = None if difference.module == "-" else difference.module
         message = f"{what}: qaudit {difference.qaudit}; {version} {difference.megatron}"
-        yield Finding("QA030", "error", module, message, file, None, _fix(difference.field))
+        yield Hit(module=module, message=message, file=file, line=None,
+                  fix=_fix(difference.field))
 
 
 def _fix(field: str) -> str:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from qaudit.judge.report import Finding
-from qaudit.judge.rules import AuditFacts, rule
+from qaudit.judge.rules import AuditFacts, Hit, rule
 
 
 @rule("QA090", "warning", "input setting not modelled by the audit")
-def check(facts: AuditFacts) -> Iterable[Finding]:
+def check(facts: AuditFacts) -> Iterable[Hit]:
     """The config (or launch script) sets something that can change which TE modules run, how
     often, or in which precision, but qaudit does not model it yet. The audit went on without
     it, so its result may not hold for the real run. The message names the setting as it was
@@ -19,5 +18,5 @@ def check(facts: AuditFacts) -> Iterable[Finding]:
     """
     source = facts.config.source
     for note in (source.notes if source else []):
-        yield Finding("QA090", "warning", None, note.message, facts.config.file, note.line,
-                      "check the audit's result by hand for this setting, or drop the setting")
+        yield Hit(message=note.message, file=facts.config.file, line=note.line,
+                  fix="check the audit's result by hand for this setting, or drop the setting")
