@@ -5,6 +5,9 @@ from pathlib import Path
 
 import pytest
 
+# Fixtures shared by the tests that read a real Megatron (megatron, forget_megatron).
+pytest_plugins = ["megatron_env"]
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_in_process
-from megatron_env import forget_megatron, megatron  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.usefixtures("forget_megatron")
 from qaudit.crosscheck.compare import ABSENT, Difference, compare

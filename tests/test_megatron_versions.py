@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run_in_process
-from megatron_env import megatron  # noqa: F401 - fixture
 from qaudit.errors import InputError
 from qaudit.plan.policies import POLICIES
 from qaudit.plan.upstream.detect import locate_megatron, read_behaviour
