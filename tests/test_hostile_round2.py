@@ -226,16 +226,19 @@ def test_any_script_under_1_mib_reads_in_seconds_and_under_200_mb(tmp_path, name
     assert float(seconds) < 15 and float(megabytes) < 200, done.stdout
 
 
-def test_lexer_fast_path_gives_the_same_tokens():
-    """The run-at-a-time lexer (issue 14) against a character-at-a-time reading of the same
-    words: quoted, unquoted, multi-line and escaped literals keep each character's line."""
-    from qaudit.load.sources.shell_lexer import Lit, tokenize
+def test_every_character_keeps_its_source_line():
+    """Quoted, unquoted, multi-line and escaped literals and line continuations: each
+    character of a value remembers the line it was written on (findings cite it)."""
+    from qaudit.load.sources.shell_eval import Interpreter
+    from qaudit.load.sources.shell_tree import Script
 
-    text = "A=abc'd\ne'\"f\ng$X\"h\\\ni 2>&1 x\"\"y\n"
-    words = [t for t in tokenize(text, "f") if hasattr(t, "parts")]
-    lits = [(p.text, p.lines) for w in words for p in w.parts if isinstance(p, Lit)]
-    assert lits[:3] == [("A=abc", [1] * 5), ("d\ne", [1, 1, 2]), ("f\ng", [2, 2, 3])]
-    assert ("hi", [3, 4]) in lits or ("h", [3]) in lits
+    text = "A=abc'd\ne'\"f\ng$X h\\\ni\"k\\ j\nB=\"${U:-x\ny}\"$'p\\nq'\n"
+    env = Interpreter("f", {"X": "-"}).run(Script(text, "f")).env
+    assert [(c, line) for c, line, _ in env["A"]] == [
+        ("a", 1), ("b", 1), ("c", 1), ("d", 1), ("\n", 1), ("e", 2), ("f", 2), ("\n", 2),
+        ("g", 3), ("-", 0), (" ", 3), ("h", 3), ("i", 4), ("k", 4), (" ", 4), ("j", 4)]
+    assert [(c, line) for c, line, _ in env["B"]] == [("x", 5), ("\n", 5), ("y", 6),
+                                                      ("p", 6), ("\n", 6), ("q", 6)]
 
 
 # --- 3. exit 3 for user errors -------------------------------------------------------------------
