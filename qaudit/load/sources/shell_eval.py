@@ -727,7 +727,8 @@ class Interpreter:
                 fields.add(tuple(self.known_char(c, line) for c, line, _ in rest), False)
         elif kind == "string":
             self.expand_span(node, node.start_byte + 1, node.end_byte - 1, fields, True)
-            fields.mark()
+            if not any(child.type in _EXPANDED for child in node.children):
+                fields.mark()  # `""` is a word; `"$@"` with no arguments is none (its own)
         elif kind == "concatenation":
             self.expand_span(node, node.start_byte, node.end_byte, fields, quoted)
         elif kind == "raw_string":  # inside double quotes the quotes are plain characters
@@ -737,17 +738,20 @@ class Interpreter:
         elif kind == "ansi_c_string":
             fields.add(self.literal(node.start_byte + 2, node.end_byte - 1, "ansi"), False)
             fields.mark()
+        elif kind == "arithmetic_expansion" or kind == "command_substitution" and \
+                self.script.source.startswith(b"$((", node.start_byte):
+            # tree-sitter-bash reads `${X:-$((1 + 2))}` as `$( (1 + 2) )`; bash as arithmetic.
+            raw = tree.inner(self.script, node) if kind == "arithmetic_expansion" else \
+                self.script.text(None, node.start_byte + 3, node.end_byte - 2)
+            fields.add(self.arith_value(raw, self.script.line(node)), not quoted)
+            if quoted:
+                fields.mark()
         elif kind in ("command_substitution", "process_substitution"):
             shown = tree.inner(self.script, node).strip().replace("\n", " ")
             shown = shown if len(shown) <= 30 else shown[:27] + "..."
             fields.add(hole(External(f"$({shown})", self.script.line(node),
                                      "a command's output; qaudit never runs it")), False)
             fields.mark()
-        elif kind == "arithmetic_expansion":
-            fields.add(self.arith_value(tree.inner(self.script, node), self.script.line(node)),
-                       not quoted)
-            if quoted:
-                fields.mark()
         else:  # words, numbers, patterns, operators: their text
             fields.add(self.literal(node.start_byte, node.end_byte,
                                     "double" if quoted else "none"), False)
@@ -957,9 +961,10 @@ class Interpreter:
         line = self.script.line(node)
         operands = tree.test_operands(node)
         if node.children[0].type == "[":
-            return self.bracket_test([[n] for n in operands], line)
-        items = [self.script.text(n) if not n.is_named or n.type == "test_operator"
-                 else (self.expand_joined([n]), self.is_pattern(n)) for n in operands]
+            return self.bracket_test(operands, line)
+        items = [self.script.text(w[0]) if len(w) == 1 and (
+                     not w[0].is_named or w[0].type == "test_operator")
+                 else (self.expand_joined(w), any(map(self.is_pattern, w))) for w in operands]
         self.spend_on_test([item[0] for item in items if not isinstance(item, str)])
         return TestExpression(items, line, double=True).run()
 

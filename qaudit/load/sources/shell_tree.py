@@ -21,7 +21,13 @@ from qaudit.errors import InputError
 # corpus script has about 3,000; the bound keeps the walk over a 1 MiB script of tiny commands
 # to about a second.
 MAX_NODES = 100_000
-_PARSER = tree_sitter.Parser(tree_sitter.Language(tree_sitter_bash.language()))
+_LANGUAGE = tree_sitter.Language(tree_sitter_bash.language())
+_PARSER = tree_sitter.Parser(_LANGUAGE)
+# Assignments that tree-sitter-bash may have joined to what follows them on the next line.
+_PREFIX_ASSIGNMENTS = tree_sitter.Query(_LANGUAGE, "(command (variable_assignment) @a) "
+                                                   "(variable_assignments (variable_assignment) @a)")
+_BLANK_AFTER = re.compile(rb"(?<!\\)[ \t\n]")
+MAX_REPAIRS = 50  # parses per script; each repairs every misread line it finds
 # Node types that only carry text for their statement (comments, here-document parts).
 _NOT_STATEMENTS = {"comment", "heredoc_body", "heredoc_start", "heredoc_end"}
 
@@ -34,13 +40,39 @@ class Script:
         # Lone surrogates cannot come from a file (read_text decodes strictly) but may come
         # from a caller; they travel through as they are.
         self.source = text.encode("utf-8", "surrogatepass")
-        self.root = _PARSER.parse(self.source).root_node
         self._line_starts = [0] + [i + 1 for i, b in enumerate(self.source) if b == 10]
+        self.root = self._parse()
         self._refuse_broken()
         if self.root.descendant_count > MAX_NODES:
             raise InputError(f"cannot read the script: more than {MAX_NODES:,} words, operators "
                              f"and quoted or expanded parts (real launch scripts have a few "
                              f"thousand)", file=file, line=1)
+
+    def _parse(self):
+        """The tree, with tree-sitter-bash's misreading of `A=1 B=2<newline>cmd` repaired.
+
+        There it may read the next lines as part of the same command (`cmd` with `A` and `B`
+        as its environment, or worse, several lines of assignments and a `while` as one
+        command), where bash ends the command at the newline. An assignment followed by a
+        newline before its next sibling gets a `;` in place of the blank after it (same
+        length: every byte keeps its offset, and lines are counted on the original source),
+        and the script is parsed again."""
+        source = bytearray(self.source)
+        for _ in range(MAX_REPAIRS):
+            root = _PARSER.parse(bytes(source)).root_node
+            repairs = []
+            for node in tree_sitter.QueryCursor(_PREFIX_ASSIGNMENTS).captures(root).get("a", []):
+                after = node.next_named_sibling
+                gap = bytes(source[node.end_byte:after.start_byte]) if after is not None else b""
+                blank = _BLANK_AFTER.search(gap)
+                if blank is not None and b"\n" in gap.replace(b"\\\n", b""):
+                    repairs.append(node.end_byte + blank.start())
+            if not repairs:
+                return root
+            for offset in repairs:
+                source[offset] = ord(";")
+        raise InputError("cannot read the script: too many lines of several assignments "
+                         "followed by a command", file=self.file)
 
     def _refuse_broken(self) -> None:
         if not self.root.has_error:
@@ -65,7 +97,7 @@ class Script:
         return self.source[start:end].decode("utf-8", "surrogatepass")
 
     def line(self, node) -> int:
-        return node.start_point[0] + 1
+        return self.line_at(node.start_byte)
 
     def line_at(self, offset: int) -> int:
         return bisect_right(self._line_starts, offset)
@@ -210,17 +242,23 @@ _TEST_GROUPS = {"binary_expression", "unary_expression", "parenthesized_expressi
                 "ternary_expression", "postfix_expression"}
 
 
-def test_operands(node) -> list:
-    """The operands and operators of a `[ ]` / `[[ ]]` in source order (the test is decided
-    on their expanded values, as bash decides `[` after expansion)."""
-    out, stack = [], list(reversed(node.children[1:-1]))
+def test_operands(node) -> list[list]:
+    """The words of a `[ ]` / `[[ ]]` in source order, each a list of nodes (the test is
+    decided on their expanded values, as bash decides `[` after expansion). Nodes that touch
+    are one word: tree-sitter reads `-2**2` as the operator `-` then `2**2`."""
+    words: list[list] = []
+    stack = list(reversed(node.children[1:-1]))
     while stack:
         child = stack.pop()
         if child.type in _TEST_GROUPS:
             stack.extend(reversed(child.children))
-        elif child.type != "comment":
-            out.append(child)
-    return out
+        elif child.type == "comment":
+            continue
+        elif words and words[-1][-1].end_byte == child.start_byte:
+            words[-1].append(child)
+        else:
+            words.append([child])
+    return words
 
 
 @dataclass(slots=True)
