@@ -113,6 +113,7 @@ import time  # noqa: E402
 
 import hostile_inputs as h  # noqa: E402
 from qaudit.errors import InputError  # noqa: E402
+from qaudit.load.sources.argv import HOLE  # noqa: E402
 
 
 def read_script(text: str, seconds: float = 20.0):
@@ -239,6 +240,37 @@ def test_every_character_keeps_its_source_line():
         ("g", 3), ("-", 0), (" ", 3), ("h", 3), ("i", 4), ("k", 4), (" ", 4), ("j", 4)]
     assert [(c, line) for c, line, _ in env["B"]] == [("x", 5), ("\n", 5), ("y", 6),
                                                       ("p", 6), ("\n", 6), ("q", 6)]
+
+
+@pytest.mark.parametrize("script, argv", [
+    # tree-sitter-bash joins these lines into one command (`A` and `B` the environment of a
+    # `while`, here, and the launch inside an `||` never taken); bash runs them one by one.
+    ("true && A=2 B=3\nC=(--x)\nwhile false; do :; done\nL $A $B ${C[@]}\n", ["2", "3", "--x"]),
+    ("A=2 B=3\nL $A $B\n", ["2", "3"]),
+    ("[ 1 = 1 ] || A=1 B=2\nL $B\n", [HOLE]),  # never set: unknown
+    # tree-sitter reads `$((...))` in a default as a command substitution of a subshell.
+    ("A=${U:-$(( 2 + 3 ))}\nL $A\n", ["5"]),
+    # ... splits `-2**2` in a test, and a word at a line continuation or after `"a"\\ `.
+    ("[[ -2**2 == -2* ]] && A=7\nL $A\n", ["7"]),
+    ("L ab\\\ncd \"x\"\\ y\n", ["abcd", "x y"]),
+    # `$"..."` is one word; `"$@"` with no arguments is none.
+    ("L $\"t u\" \"$@\"\n", ["t u"]),
+])
+def test_tree_sitter_misreadings_are_repaired(script, argv):
+    words = read_script(script.replace("L ", "torchrun pretrain_gpt.py --num-layers 2 "))[0]
+    assert [w.text for w in words][2:] == argv
+
+
+@pytest.mark.parametrize("script, line, words", [
+    ("A=1\nif true; then\n  echo (\nfi\n", 3, "near 'if'"),
+    ("A=1\nB=\"unterminated\n", 3, "string never closed: expected '\"'"),
+    ("X=$(( 1 + ))\nfor x in a; do\n", 2, "near '$(('"),
+])
+def test_scripts_tree_sitter_cannot_read_are_refused_with_file_and_line(tmp_path, script,
+                                                                         line, words):
+    path = tmp_path / "train.sh"
+    path.write_text("#!/bin/bash\n" + script)  # line 1; the script's lines start at 2
+    one_error_line(cli("check", str(path)), f"{path}:{line}: cannot read the script", words)
 
 
 # --- 3. exit 3 for user errors -------------------------------------------------------------------

@@ -28,6 +28,12 @@ _PREFIX_ASSIGNMENTS = tree_sitter.Query(_LANGUAGE, "(command (variable_assignmen
                                                    "(variable_assignments (variable_assignment) @a)")
 _BLANK_AFTER = re.compile(rb"(?<!\\)[ \t\n]")
 MAX_REPAIRS = 50  # parses per script; each repairs every misread line it finds
+# Node types of whole statements (and comments).
+_STATEMENTS = {"comment", "command", "variable_assignment", "variable_assignments",
+               "declaration_command", "unset_command", "test_command", "if_statement",
+               "while_statement", "for_statement", "c_style_for_statement", "case_statement",
+               "compound_statement", "subshell", "function_definition", "pipeline", "list",
+               "negated_command", "redirected_statement"}
 # Node types that only carry text for their statement (comments, here-document parts).
 _NOT_STATEMENTS = {"comment", "heredoc_body", "heredoc_start", "heredoc_end"}
 
@@ -78,13 +84,25 @@ class Script:
         if not self.root.has_error:
             return
         node = self.root
-        while not (node.is_error or node.is_missing):  # the first one in source order
-            inner = next((c for c in node.children if c.has_error or c.is_missing), None)
+        while not node.is_missing:
+            # Inside an ERROR node, the statements it could read come first: the problem is
+            # the first thing that is not one (the whole script may be one ERROR node).
+            inner = next((c for c in node.children if not (
+                c.is_named and not c.has_error and c.type in _STATEMENTS)), None) \
+                if node.is_error else \
+                next((c for c in node.children if c.has_error or c.is_missing), None)
             if inner is None:
                 break
             node = inner
-        what = f"expected {node.type!r}" if node.is_missing else \
-            f"bash syntax qaudit cannot read near {self.snippet(node)!r}"
+            if not (node.has_error or node.is_missing):
+                break
+        if node.is_missing and node.parent is not None:  # named where it was opened
+            what = f"{node.parent.type.replace('_', ' ')} never closed: expected {node.type!r}"
+            node = node.parent
+        elif node.is_missing:
+            what = f"expected {node.type!r}"
+        else:
+            what = f"bash syntax qaudit cannot read near {self.snippet(node)!r}"
         raise InputError(f"cannot read the script: {what}", file=self.file, line=self.line(node))
 
     def snippet(self, node) -> str:
