@@ -113,6 +113,7 @@ import time  # noqa: E402
 
 import hostile_inputs as h  # noqa: E402
 from qaudit.errors import InputError  # noqa: E402
+from qaudit.load.sources.argv import HOLE  # noqa: E402
 
 
 def read_script(text: str, seconds: float = 20.0):
@@ -226,16 +227,50 @@ def test_any_script_under_1_mib_reads_in_seconds_and_under_200_mb(tmp_path, name
     assert float(seconds) < 15 and float(megabytes) < 200, done.stdout
 
 
-def test_lexer_fast_path_gives_the_same_tokens():
-    """The run-at-a-time lexer (issue 14) against a character-at-a-time reading of the same
-    words: quoted, unquoted, multi-line and escaped literals keep each character's line."""
-    from qaudit.load.sources.shell_lexer import Lit, tokenize
+def test_every_character_keeps_its_source_line():
+    """Quoted, unquoted, multi-line and escaped literals and line continuations: each
+    character of a value remembers the line it was written on (findings cite it)."""
+    from qaudit.load.sources.shell_eval import Interpreter
+    from qaudit.load.sources.shell_tree import Script
 
-    text = "A=abc'd\ne'\"f\ng$X\"h\\\ni 2>&1 x\"\"y\n"
-    words = [t for t in tokenize(text, "f") if hasattr(t, "parts")]
-    lits = [(p.text, p.lines) for w in words for p in w.parts if isinstance(p, Lit)]
-    assert lits[:3] == [("A=abc", [1] * 5), ("d\ne", [1, 1, 2]), ("f\ng", [2, 2, 3])]
-    assert ("hi", [3, 4]) in lits or ("h", [3]) in lits
+    text = "A=abc'd\ne'\"f\ng$X h\\\ni\"k\\ j\nB=\"${U:-x\ny}\"$'p\\nq'\n"
+    env = Interpreter("f", {"X": "-"}).run(Script(text, "f")).env
+    assert [(c, line) for c, line, _ in env["A"]] == [
+        ("a", 1), ("b", 1), ("c", 1), ("d", 1), ("\n", 1), ("e", 2), ("f", 2), ("\n", 2),
+        ("g", 3), ("-", 0), (" ", 3), ("h", 3), ("i", 4), ("k", 4), (" ", 4), ("j", 4)]
+    assert [(c, line) for c, line, _ in env["B"]] == [("x", 5), ("\n", 5), ("y", 6),
+                                                      ("p", 6), ("\n", 6), ("q", 6)]
+
+
+@pytest.mark.parametrize("script, argv", [
+    # tree-sitter-bash joins these lines into one command (`A` and `B` the environment of a
+    # `while`, here, and the launch inside an `||` never taken); bash runs them one by one.
+    ("true && A=2 B=3\nC=(--x)\nwhile false; do :; done\nL $A $B ${C[@]}\n", ["2", "3", "--x"]),
+    ("A=2 B=3\nL $A $B\n", ["2", "3"]),
+    ("[ 1 = 1 ] || A=1 B=2\nL $B\n", [HOLE]),  # never set: unknown
+    # tree-sitter reads `$((...))` in a default as a command substitution of a subshell.
+    ("A=${U:-$(( 2 + 3 ))}\nL $A\n", ["5"]),
+    # ... splits `-2**2` in a test, and a word at a line continuation or after `"a"\\ `.
+    ("[[ -2**2 == -2* ]] && A=7\nL $A\n", ["7"]),
+    ("L ab\\\ncd \"x\"\\ y\n", ["abcd", "x y"]),
+    # `$"..."` is one word; `"$@"` with no arguments is none.
+    ("L $\"t u\" \"$@\"\n", ["t u"]),
+])
+def test_tree_sitter_misreadings_are_repaired(script, argv):
+    words = read_script(script.replace("L ", "torchrun pretrain_gpt.py --num-layers 2 "))[0]
+    assert [w.text for w in words][2:] == argv
+
+
+@pytest.mark.parametrize("script, line, words", [
+    ("A=1\nif true; then\n  echo (\nfi\n", 3, "near 'if'"),
+    ("A=1\nB=\"unterminated\n", 3, "string never closed: expected '\"'"),
+    ("X=$(( 1 + ))\nfor x in a; do\n", 2, "near '$(('"),
+])
+def test_scripts_tree_sitter_cannot_read_are_refused_with_file_and_line(tmp_path, script,
+                                                                         line, words):
+    path = tmp_path / "train.sh"
+    path.write_text("#!/bin/bash\n" + script)  # line 1; the script's lines start at 2
+    one_error_line(cli("check", str(path)), f"{path}:{line}: cannot read the script", words)
 
 
 # --- 3. exit 3 for user errors -------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Mapping
 from qaudit.load.config import SourceNote
 from qaudit.errors import InputError
 from qaudit.load.sources.shell_eval import Interpreter, Outcome
-from qaudit.load.sources.shell_parser import parse_script
+from qaudit.load.sources.shell_tree import Script
 from qaudit.load.sources.shell_values import as_array, to_word
 from qaudit.load.sources.tokens import Word
 from qaudit.load.sources.upstream_flags import UPSTREAM_FLAGS
@@ -50,11 +50,7 @@ def launch_script_words(text: str, file: str, variables: Mapping[str, str]
 
 def _launch_script_words(text: str, file: str, variables: Mapping[str, str]
                          ) -> tuple[list[Word], list[SourceNote], Word | None]:
-    try:
-        tree = parse_script(text, file)
-    except RecursionError:
-        raise InputError("cannot read the script: nested too deeply", file=file) from None
-    outcome = Interpreter(file, dict(variables)).run(tree)
+    outcome = Interpreter(file, dict(variables)).run(Script(text, file))
     notes = list(outcome.notes)
     launches = [launch for launch in outcome.launches if _megatron_flag_count(launch.argv)]
     if launches:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import fnmatch
 
-from qaudit.load.sources.shell_lexer import Lit
 from qaudit.load.sources.shell_values import holes, text_of
 from qaudit.load.sources.tokens import External
 
@@ -118,11 +117,9 @@ class TestExpression:
 
 
 def _unquoted_pattern(item) -> bool:
-    """In `[[ a == b ]]` an unquoted right side is a glob pattern."""
-    if isinstance(item, str):
-        return False
-    _, word = item
-    return any(isinstance(p, Lit) and not p.quoted and set(p.text) & set("*?[") for p in word.parts)
+    """In `[[ a == b ]]` an unquoted right side is a glob pattern: items are (characters,
+    whether the word has unquoted glob characters)."""
+    return not isinstance(item, str) and item[1]
 
 
 def _and(a, b):

@@ -18,11 +18,12 @@ from itertools import repeat
 
 from qaudit.load.config import SourceNote
 from qaudit.errors import InputError
-from qaudit.load.sources import shell_parser as ast
+from qaudit.load.sources import shell_tree as tree
 from qaudit.load.sources.arith import ArithRefused, ArithUnknown, evaluate
 from qaudit.load.sources.argv import HOLE
 from qaudit.load.sources.shell_conditions import TestExpression
-from qaudit.load.sources.shell_lexer import Arith, CmdSub, Lit, Param, WordTok
+from qaudit.load.sources.shell_tree import Script, body_of, statements
+from qaudit.load.sources.shell_words import Param, literal, param
 from qaudit.load.sources.shell_values import (UNSET, ArrayValue, Ch, Chars, Elem, as_array, as_scalar,
                                          chars_of, hole, holes, join, known, merge_values,
                                          text_of, to_word)
@@ -33,8 +34,8 @@ MAX_VALUE = 1_000_000  # characters in one variable
 MAX_ELEMENTS = 10_000  # elements in one array
 MAX_FOR_ITEMS = 1_000
 MAX_CALL_DEPTH = 16
-# The limits above hold one at a time; these two hold for the whole script (README, Security
-# and limits: measured time and memory at these sizes). HELD bounds memory: the characters in
+# The limits above hold one at a time; these two hold for the whole script (docs/security.md:
+# measured time and memory at these sizes). HELD bounds memory: the characters in
 # all variables at once (array elements included). WORK bounds time: every character copied
 # while expanding, assigning, comparing and merging the outcomes of undecided conditions (and
 # every variable and array element copied with them), summed over the whole run.
@@ -46,6 +47,10 @@ FIELD_COST = 32  # per word an expansion yields: a word costs far more memory th
 LAUNCHERS = {"torchrun", "python", "python3", "uv", "srun", "mpirun", "deepspeed", "accelerate",
              "nsys", "numactl", "ft_launcher", "exec", "env", "time", "nohup"}
 _BLANKS = " \t\n"
+# Nodes inside a word that are expanded or quoted; any other node is literal text.
+_EXPANDED = {"simple_expansion", "expansion", "string", "raw_string", "ansi_c_string",
+             "concatenation", "command_substitution", "process_substitution",
+             "arithmetic_expansion"}
 
 
 class ExitPath(Exception):
@@ -125,6 +130,7 @@ class _Fields:
 class Interpreter:
     def __init__(self, file: str, variables: dict[str, str]) -> None:
         self.file = file
+        self.script: Script | None = None
         self.pinned = {name: known(value, 0) for name, value in variables.items()}
         self.env: dict = {}
         self.order: dict[str, None] = {}  # an ordered set: names by first assignment
@@ -139,7 +145,8 @@ class Interpreter:
         self.pending = 0  # characters expanded by the current command, not stored yet
         self.work = 0  # characters copied so far
         self.dirty: dict[str, None] = {}  # variables assigned since the enclosing fork began
-        self.literals: dict[int, Chars] = {}  # id(Lit) -> its characters, built once
+        # (start, end, quoting) -> the characters of a literal, built once
+        self.literals: dict[tuple[int, int, str], Chars] = {}
         self.char_tuples: dict[tuple[str, int], Ch] = {}
         self.call_depth = 0
         self.in_condition = False
@@ -154,9 +161,10 @@ class Interpreter:
             self.notes.append(found)
 
     # --- entry -------------------------------------------------------------------------------
-    def run(self, tree: list) -> Outcome:
+    def run(self, script: Script) -> Outcome:
+        self.script = script
         try:
-            self.block(tree)
+            self.block(body_of(script.root))
         except ExitPath:
             pass
         except RecursionError:
@@ -216,63 +224,88 @@ class Interpreter:
         for item in items:
             self.and_or(item)
 
-    def and_or(self, node: ast.AndOr) -> None:
-        status = self.pipeline(node.first)
-        for op, pipeline in node.rest:
+    def and_or(self, node) -> None:
+        (_, first), *rest = tree.and_or(node)
+        status = self.pipeline(first)
+        for op, pipeline in rest:
             if status is True and op == "||" or status is False and op == "&&":
                 continue
             if status is None:
                 externals = self.last_externals
-                self.fork([lambda p=pipeline: self.pipeline(p)], externals, pipeline.line)
+                self.fork([lambda p=pipeline: self.pipeline(p)], externals,
+                          self.script.line(pipeline))
                 status = None
                 continue
             status = self.pipeline(pipeline)
 
     last_externals: tuple[External, ...] = ()
 
-    def pipeline(self, node: ast.Pipeline) -> bool | None:
+    def pipeline(self, node) -> bool | None:
         """Run a pipeline; its status: True/False when known, None when it depends on
         `self.last_externals`. Ordinary commands are assumed to succeed."""
-        if len(node.commands) > 1:
+        node = tree.unwrap(node)
+        negated = node.type == "negated_command"
+        if negated:
+            node = tree.unwrap(node.named_children[-1])
+        commands = statements(node.children) if node.type == "pipeline" else [node]
+        if commands[0].type == "negated_command":  # `! a | b` negates the whole pipeline
+            negated, commands[0] = True, commands[0].named_children[-1]
+        if len(commands) > 1:
             saved, held = self.copy_env(), self.held
-            for command in node.commands:
+            for command in commands:
                 self.command(command)  # each part runs in a subshell: variables do not leak
             self.env, self.held = saved, held
             status: bool | None = True
         else:
-            status = self.command(node.commands[0])
-        if node.negated and status is not None:
+            status = self.command(commands[0])
+        if negated and status is not None:
             status = not status
         return status
 
     def command(self, node) -> bool | None:
-        self.step(getattr(node, "line", 0))
-        if isinstance(node, ast.Simple):
+        node = tree.unwrap(node)
+        kind = node.type
+        if kind in ("list", "pipeline", "negated_command"):
+            if kind == "list":
+                self.and_or(node)
+                return True
+            return self.pipeline(node)
+        self.step(self.script.line(node))
+        if kind == "command":
             return self.simple(node)
-        if isinstance(node, ast.Test):
+        if kind in ("variable_assignment", "variable_assignments"):
+            for assign in ([node] if kind == "variable_assignment" else node.named_children):
+                self.assignment(assign)
+        elif kind == "declaration_command":
+            self.declaration(node)
+        elif kind == "unset_command":
+            self.unset([[n] for n in node.named_children])
+        elif kind == "test_command":
             return self.status(self.test(node))
-        if isinstance(node, ast.ArithTest):
-            return self.status(self.arith_status(node.raw, node.line))
-        if isinstance(node, ast.If):
-            self.if_(node)
-        elif isinstance(node, ast.Loop):
+        elif kind == "compound_statement" and node.children[0].type == "((":
+            return self.status(self.arith_status(tree.inner(self.script, node),
+                                                 self.script.line(node)))
+        elif kind == "if_statement":
+            self.branches(*tree.if_branches(node), self.script.line(node))
+        elif kind == "while_statement":
             self.loop(node)
-        elif isinstance(node, ast.For):
+        elif kind in ("for_statement", "c_style_for_statement"):
             self.for_(node)
-        elif isinstance(node, ast.Case):
+        elif kind == "case_statement":
             self.case(node)
-        elif isinstance(node, ast.Group):
-            if node.subshell:
-                saved, held = self.copy_env(), self.held
-                try:
-                    self.block(node.body)
-                except ExitPath:
-                    pass
-                self.env, self.held = saved, held
-            else:
-                self.block(node.body)
-        elif isinstance(node, ast.Function):
-            self.functions[node.name] = node.body  # one compound command
+        elif kind == "subshell":
+            saved, held = self.copy_env(), self.held
+            try:
+                self.block(body_of(node))
+            except ExitPath:
+                pass
+            self.env, self.held = saved, held
+        elif kind == "compound_statement":
+            self.block(body_of(node))
+        elif kind == "function_definition":
+            name = node.child_by_field_name("name")
+            # One compound command (the body).
+            self.functions[self.script.text(name)] = [node.child_by_field_name("body")]
         return True
 
     def status(self, result: tuple[bool | None, tuple[External, ...]]) -> bool | None:
@@ -289,9 +322,10 @@ class Interpreter:
             status, externals = self.condition_and_or(item)
         return status, externals
 
-    def condition_and_or(self, node: ast.AndOr) -> tuple[bool | None, tuple[External, ...]]:
-        status, externals = self.condition_pipeline(node.first)
-        for op, pipeline in node.rest:
+    def condition_and_or(self, node) -> tuple[bool | None, tuple[External, ...]]:
+        (_, first), *rest = tree.and_or(node)
+        status, externals = self.condition_pipeline(first)
+        for op, pipeline in rest:
             if status is True and op == "||" or status is False and op == "&&":
                 continue
             right, more = self.condition_pipeline(pipeline)
@@ -304,7 +338,7 @@ class Interpreter:
                 status, externals = right, more
         return status, externals
 
-    def condition_pipeline(self, node: ast.Pipeline) -> tuple[bool | None, tuple[External, ...]]:
+    def condition_pipeline(self, node) -> tuple[bool | None, tuple[External, ...]]:
         self.last_externals = ()
         outer, self.in_condition = self.in_condition, True
         try:
@@ -312,9 +346,6 @@ class Interpreter:
         finally:
             self.in_condition = outer
         return status, self.last_externals if status is None else ()
-
-    def if_(self, node: ast.If) -> None:
-        self.branches(list(node.branches), node.orelse, node.line)
 
     def branches(self, branches: list, orelse: list | None, line: int) -> None:
         if not branches:
@@ -331,15 +362,17 @@ class Interpreter:
             self.fork([lambda: self.block(body), lambda: self.branches(rest, orelse, line)],
                       externals, line, complete=True)
 
-    def loop(self, node: ast.Loop) -> None:
-        status, externals = self.condition(node.condition)
-        if node.until and status is not None:
+    def loop(self, node) -> None:
+        until, condition, body = tree.loop_parts(node)
+        line = self.script.line(node)
+        status, externals = self.condition(condition)
+        if until and status is not None:
             status = not status
         if status is False:
             return
         # Zero or more iterations: follow the body once and merge with not entering it.
-        self.fork([lambda: self.loop_body(node.body)], externals or (
-            External("a loop", node.line, "runs an unknown number of times"),), node.line)
+        self.fork([lambda: self.loop_body(body)], externals or (
+            External("a loop", line, "runs an unknown number of times"),), line)
 
     def loop_body(self, body: list) -> None:
         try:
@@ -347,43 +380,48 @@ class Interpreter:
         except BreakLoop:
             pass
 
-    def for_(self, node: ast.For) -> None:
+    def for_(self, node) -> None:
+        """`for NAME in WORDS`; `for NAME` (the script's arguments) and C-style loops are
+        followed as a loop over unknown items."""
+        var, words, body = tree.for_parts(self.script, node)
+        line = self.script.line(node)
         items: list[Chars] | None = None
-        if node.words is not None and node.var:
+        if words is not None and var:
             items = []
-            for word in node.words:
+            for word in words:
                 for chars, _ in self.expand(word):
                     items.append(chars)
             self.spend(len(items))
             if len(items) > MAX_FOR_ITEMS or any(holes(c) for c in items):
                 items = None
         if items is None:
-            if node.var:
-                self.assign_scalar(node.var, hole(External(node.var, node.line,
-                                                           "set by a loop over unknown items")))
-            self.fork([lambda: self.loop_body(node.body)],
-                      (External("a loop", node.line, "runs over unknown items"),), node.line)
+            if var:
+                self.assign_scalar(var, hole(External(var, line,
+                                                      "set by a loop over unknown items")))
+            self.fork([lambda: self.loop_body(body)],
+                      (External("a loop", line, "runs over unknown items"),), line)
             return
         try:
             for chars in items:
-                self.assign_scalar(node.var, chars)
-                self.block(node.body)
+                self.assign_scalar(var, chars)
+                self.block(body)
         except BreakLoop:
             pass
 
-    def case(self, node: ast.Case) -> None:
-        subject = self.expand_joined(node.word)
+    def case(self, node) -> None:
+        word, items = tree.case_parts(node)
+        line = self.script.line(node)
+        subject = self.expand_joined([word])
         if holes(subject):
-            self.fork([lambda b=body: self.block(b) for _, body in node.items],
-                      holes(subject), node.line)
+            self.fork([lambda b=body: self.block(b) for _, body in items], holes(subject), line)
             return
-        for i, (patterns, body) in enumerate(node.items):
+        for i, (patterns, body) in enumerate(items):
             for pattern in patterns:
-                chars = self.expand_joined(pattern)
+                chars = self.expand_joined([pattern])
                 if holes(chars):
                     # From here on any item may match: follow each, or none.
-                    self.fork([lambda b=b: self.block(b) for _, b in node.items[i:]],
-                              holes(chars), node.line)
+                    self.fork([lambda b=b: self.block(b) for _, b in items[i:]],
+                              holes(chars), line)
                     return
                 # Matching costs up to the subject's length per pattern character;
                 # compiling, the pattern's length (fnmatch caches compiled patterns).
@@ -456,20 +494,21 @@ class Interpreter:
         return merged
 
     # --- simple commands ---------------------------------------------------------------------
-    def simple(self, node: ast.Simple) -> bool | None:
-        if not node.words:
-            for assign in node.assigns:
+    def simple(self, node) -> bool | None:
+        assigns, word_nodes, alone = tree.split_command(self.script, node)
+        line = self.script.line(node)
+        if alone:  # `A=1 B=2` on a line of its own, then a command on the next
+            for assign in assigns:
                 self.assignment(assign)
-            return True
+            line = self.script.line(word_nodes[0])
+            self.step(line)
+        # Otherwise the assignments are the command's environment only: not followed.
         self.saw_arguments = False
-        words = self.expand_words(node.words)
+        groups = tree.words_of(self.script, word_nodes)
+        words = self.expand_words(groups)
         name = words[0].text if words else ""
-        if name in ast.DECLARATIONS:
-            for assign in node.assigns:
-                self.assignment(assign)
-            return True
-        if name in ("[", "test"):
-            return self.status(self.bracket_test(node.words[1:], node.line, name == "["))
+        if name == "test":
+            return self.status(self.bracket_test(groups[1:], line))
         if name in ("true", ":"):
             return True
         if name == "false":
@@ -480,39 +519,48 @@ class Interpreter:
             raise ExitPath() if self.call_depth == 0 else _Return()
         if name in ("break", "continue"):
             raise BreakLoop()
-        if name == "unset":
-            for word in words[1:]:
-                if not word.text.startswith("-"):
-                    self.hold(-size_of(self.env.get(word.text)))
-                    self.env[word.text] = UNSET
-                    self.dirty[word.text] = None
-            return True
         if name == "shift" and self.positional is not None:
             self.positional = self.positional[1:]
             return True
         if name in ("source", ".", "eval"):
             shown = " ".join(w.text.replace(HOLE, "?") for w in words[:2])
             self.note(f"`{shown}` is not followed (qaudit never runs or reads what it names); "
-                      f"flags or variables it would set are not seen", node.line, name)
+                      f"flags or variables it would set are not seen", line, name)
             return True
         if name == "read":
             for word in words[1:]:
                 if word.text.isidentifier():
-                    self.assign_scalar(word.text, hole(External(word.text, node.line,
+                    self.assign_scalar(word.text, hole(External(word.text, line,
                                                                 "read from input")))
             return True
         if name in self.functions:
-            return self.call(name, words[1:], node.line)
+            return self.call(name, words[1:], line)
         if self.in_condition:
             # A command's exit status decides the condition; qaudit never runs it.
             shown = (name.replace(HOLE, "?") or "a command")[:30]
-            self.last_externals = (External(shown, node.line,
+            self.last_externals = (External(shown, line,
                                             "a command's exit status; qaudit never runs it"),)
             return None
-        if self.maybe_launch(words, node.line) and self.saw_arguments:
+        if self.maybe_launch(words, line) and self.saw_arguments:
             self.note("the launch forwards the script's own arguments (\"$@\"); the audit "
-                      "assumes none (give them with --set 1=... 2=...)", node.line, "$@")
+                      "assumes none (give them with --set 1=... 2=...)", line, "$@")
         return True
+
+    def declaration(self, node) -> None:
+        """`export`, `declare`, `local`, `readonly`, `typeset`: their assignments hold (the
+        other words are expanded for their side effects, e.g. `${X:=default}`)."""
+        self.saw_arguments = False
+        self.expand_words([[n] for n in node.named_children if n.type != "variable_assignment"])
+        for child in node.named_children:
+            if child.type == "variable_assignment":
+                self.assignment(child)
+
+    def unset(self, words: list[list]) -> None:
+        for word in self.expand_words(words):
+            if not word.text.startswith("-"):
+                self.hold(-size_of(self.env.get(word.text)))
+                self.env[word.text] = UNSET
+                self.dirty[word.text] = None
 
     def call(self, name: str, args: list[Word], line: int) -> bool:
         if self.call_depth >= MAX_CALL_DEPTH:
@@ -556,7 +604,8 @@ class Interpreter:
         return False
 
     # --- assignments -------------------------------------------------------------------------
-    def assignment(self, assign: ast.Assign) -> None:
+    def assignment(self, node) -> None:
+        assign = tree.assignment_parts(self.script, node)
         if assign.name in self.pinned:
             return  # --set wins over the script's own assignments
         if assign.array is not None:
@@ -572,7 +621,7 @@ class Interpreter:
                                             f"has more than {MAX_ELEMENTS} elements")))]
             self.set(assign.name, ArrayValue(tuple(elems)))
             return
-        chars = self.expand_joined(assign.value) if assign.value else ()
+        chars = self.expand_joined([assign.value]) if assign.value is not None else ()
         chars = self.name_unsettable(assign.name, chars, assign.line)
         old = self.env.get(assign.name)
         if assign.index is not None:
@@ -600,7 +649,7 @@ class Interpreter:
             result.append(ch)
         return tuple(result)
 
-    def assign_element(self, assign: ast.Assign, chars: Chars, old) -> None:
+    def assign_element(self, assign: tree.Assignment, chars: Chars, old) -> None:
         index_chars = self.expand_text(assign.index or "", assign.line)
         try:
             index = int(text_of(index_chars)) if not holes(index_chars) else None
@@ -631,51 +680,95 @@ class Interpreter:
         self.order.setdefault(name)
 
     # --- expansion ---------------------------------------------------------------------------
-    def expand_words(self, words: list[WordTok]) -> list[Word]:
+    # A word is the list of nodes bash reads as one word (`shell_tree.words_of`), most often one.
+    def expand_words(self, words: list[list]) -> list[Word]:
         result = []
         for word in words:
+            line = self.script.line(word[0])
             for chars, condition in self.expand(word):
                 self.spend(len(chars))
-                result.append(to_word(chars, word.line, condition))
+                result.append(to_word(chars, line, condition))
         return result
 
-    def expand(self, word: WordTok, split: bool = True) -> list[tuple[Chars, tuple]]:
+    def expand(self, word: list, split: bool = True) -> list[tuple[Chars, tuple]]:
         fields = _Fields(split, self.expanded)
-        for part in word.parts:
-            self.expand_part(part, fields)
+        for i, node in enumerate(word):
+            if i:  # the escapes between the nodes of one word (`tree.words_of`)
+                fields.add(self.literal(word[i - 1].end_byte, node.start_byte, "none"), False)
+            self.expand_node(node, fields, False)
         return fields.result()
 
-    def expand_joined(self, word: WordTok) -> Chars:
+    def expand_joined(self, word: list) -> Chars:
         """Expansion without word splitting (assignments, `case`, `[[ ]]` operands)."""
         out: list[Ch] = []
         for i, (chars, _) in enumerate(self.expand(word, split=False)):
             if i:
-                out.append((" ", chars[0][1] if chars else word.line, None))
+                out.append((" ", chars[0][1] if chars else self.script.line(word[0]), None))
             out.extend(chars)
         self.spend(len(out))
         return tuple(out)
 
-    def expand_part(self, part, fields: _Fields) -> None:
-        if isinstance(part, Lit):
-            chars = self.literals.get(id(part))
-            if chars is None:  # built once: a literal in a loop shares its characters
-                chars = tuple(map(self.known_char, part.text, part.lines))
-                self.literals[id(part)] = chars
-            fields.add(chars, False)
-            if part.quoted:
-                fields.mark()
-        elif isinstance(part, Param):
+    def literal(self, start: int, end: int, quoting: str) -> Chars:
+        key = (start, end, quoting)
+        chars = self.literals.get(key)
+        if chars is None:  # built once: a literal in a loop shares its characters
+            chars = tuple(self.known_char(c, line) for c, line, _ in
+                          literal(self.script, start, end, quoting))
+            self.literals[key] = chars
+        return chars
+
+    def expand_node(self, node, fields: _Fields, quoted: bool) -> None:
+        """One node of a word; `quoted`: inside double quotes."""
+        kind = node.type
+        if kind in ("simple_expansion", "expansion"):
+            part, rest = param(self.script, node, quoted)
             self.expand_param(part, fields)
-        elif isinstance(part, CmdSub):
-            shown = part.raw.strip().replace("\n", " ")
+            if rest:
+                fields.add(tuple(self.known_char(c, line) for c, line, _ in rest), False)
+        elif kind == "string":
+            self.expand_span(node, node.start_byte + 1, node.end_byte - 1, fields, True)
+            if not any(child.type in _EXPANDED for child in node.children):
+                fields.mark()  # `""` is a word; `"$@"` with no arguments is none (its own)
+        elif kind == "concatenation":
+            self.expand_span(node, node.start_byte, node.end_byte, fields, quoted)
+        elif kind == "raw_string":  # inside double quotes the quotes are plain characters
+            fields.add(self.literal(node.start_byte + (not quoted), node.end_byte - (not quoted),
+                                    "single"), False)
+            fields.mark()
+        elif kind == "ansi_c_string":
+            fields.add(self.literal(node.start_byte + 2, node.end_byte - 1, "ansi"), False)
+            fields.mark()
+        elif kind == "arithmetic_expansion" or kind == "command_substitution" and \
+                self.script.source.startswith(b"$((", node.start_byte):
+            # tree-sitter-bash reads `${X:-$((1 + 2))}` as `$( (1 + 2) )`; bash as arithmetic.
+            raw = tree.inner(self.script, node) if kind == "arithmetic_expansion" else \
+                self.script.text(None, node.start_byte + 3, node.end_byte - 2)
+            fields.add(self.arith_value(raw, self.script.line(node)), not quoted)
+            if quoted:
+                fields.mark()
+        elif kind in ("command_substitution", "process_substitution"):
+            shown = tree.inner(self.script, node).strip().replace("\n", " ")
             shown = shown if len(shown) <= 30 else shown[:27] + "..."
-            fields.add(hole(External(f"$({shown})", part.line,
+            fields.add(hole(External(f"$({shown})", self.script.line(node),
                                      "a command's output; qaudit never runs it")), False)
             fields.mark()
-        elif isinstance(part, Arith):
-            fields.add(self.arith_value(part.raw, part.line), not part.quoted)
-            if part.quoted:
-                fields.mark()
+        else:  # words, numbers, patterns, operators: their text
+            fields.add(self.literal(node.start_byte, node.end_byte,
+                                    "double" if quoted else "none"), False)
+
+    def expand_span(self, node, start: int, end: int, fields: _Fields, quoted: bool) -> None:
+        """The bytes [start, end) of `node`: its expansions and quotes, and the text between
+        them as literal characters."""
+        quoting = "double" if quoted else "none"
+        for child in node.children:
+            if child.type not in _EXPANDED or child.start_byte < start or child.end_byte > end:
+                continue
+            if child.start_byte > start:
+                fields.add(self.literal(start, child.start_byte, quoting), False)
+            self.expand_node(child, fields, quoted)
+            start = child.end_byte
+        if end > start:
+            fields.add(self.literal(start, end, quoting), False)
 
     def expand_param(self, part: Param, fields: _Fields) -> None:
         value = self.param_value(part)
@@ -792,8 +885,12 @@ class Interpreter:
     def expand_arg(self, part: Param) -> Chars:
         out: list[Ch] = []
         fields = _Fields(False, self.expanded)
-        for sub in part.arg:
-            self.expand_part(sub, fields)
+        quoting, start = "double" if part.quoted else "none", None
+        for sub in part.arg:  # with the text between them (`${X:-$A $B}`)
+            if start is not None and sub.start_byte > start:
+                fields.add(self.literal(start, sub.start_byte, quoting), False)
+            self.expand_node(sub, fields, part.quoted)
+            start = sub.end_byte
         for i, (chars, _) in enumerate(fields.result()):
             if i:
                 out.append((" ", part.line, None))
@@ -859,11 +956,26 @@ class Interpreter:
         return (None, externals) if value is None else (value != 0, ())
 
     # --- tests -------------------------------------------------------------------------------
-    def test(self, node: ast.Test) -> tuple[bool | None, tuple[External, ...]]:
-        items = [item if isinstance(item, str) else (self.expand_joined(item), item)
-                 for item in node.items]
+    def test(self, node) -> tuple[bool | None, tuple[External, ...]]:
+        """`[[ ... ]]` and `[ ... ]`: operands expanded, then decided (`shell_conditions`)."""
+        line = self.script.line(node)
+        operands = tree.test_operands(node)
+        if node.children[0].type == "[":
+            return self.bracket_test(operands, line)
+        items = [self.script.text(w[0]) if len(w) == 1 and (
+                     not w[0].is_named or w[0].type == "test_operator")
+                 else (self.expand_joined(w), any(map(self.is_pattern, w))) for w in operands]
         self.spend_on_test([item[0] for item in items if not isinstance(item, str)])
-        return TestExpression(items, node.line, double=True).run()
+        return TestExpression(items, line, double=True).run()
+
+    def is_pattern(self, node) -> bool:
+        """Whether an operand has unquoted glob characters (`[[ $a == b* ]]` matches)."""
+        if node.type == "concatenation":
+            return any(self.is_pattern(child) for child in node.children)
+        if node.type in _EXPANDED:
+            return False
+        return any(not quoted and c in "*?[" for c, _, quoted in
+                   literal(self.script, node.start_byte, node.end_byte, "none"))
 
     def spend_on_test(self, operands: list[Chars]) -> None:
         """Comparing operands reads them again; glob-matching one against another costs up
@@ -872,18 +984,12 @@ class Interpreter:
         second = lengths[-2] if len(lengths) > 1 else 0
         self.spend(10 * sum(lengths) + sum(lengths) * second)
 
-    def bracket_test(self, words: list[WordTok], line: int, bracket: bool):
-        fields: list = []
-        for word in words:
-            for chars, _ in self.expand(word):
-                fields.append((chars, word))
-        if bracket:
-            if not fields or text_of(fields[-1][0]) != "]":
-                return None, (External("[", line, "is not closed with ]"),)
-            fields = fields[:-1]
-        self.spend_on_test([c for c, _ in fields])
+    def bracket_test(self, words: list[list], line: int):
+        """`[ ... ]` and `test ...`: bash parses their operands after expansion."""
+        fields = [chars for word in words for chars, _ in self.expand(word)]
+        self.spend_on_test(fields)
         items = [text_of(c) if text_of(c) in ("!", "(", ")", "-a", "-o") and not holes(c)
-                 else (c, w) for c, w in fields]
+                 else (c, False) for c in fields]
         return TestExpression(items, line, double=False).run()
 
 
