@@ -26,6 +26,8 @@ BASE = "gpt"
 
 
 class FamilyFields(Protocol):
+    CHECKS: dict[str, Callable[[str, Any], Any]]  # its fields (declared in ModelConfig), checked
+
     def claims(self, config: ModelConfig) -> bool:
         """Whether `config` is a model of this family."""
 

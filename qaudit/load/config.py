@@ -10,6 +10,8 @@ from qaudit import families
 from qaudit.errors import InputError
 from qaudit.families.hybrid import fields as hybrid
 from qaudit.families.hybrid.pattern import MOE, HybridPattern, parse_pattern
+from qaudit.load.field_checks import (POSITIVE, Check, boolean, choice, int_at_least,
+                                     optional, string)
 from qaudit.load.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
 from qaudit.load.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
 from qaudit.load.unmodelled import HYBRID_WITHOUT_PATTERN, note_for_setting
@@ -254,51 +256,6 @@ class ConfigSource:
 
 # --- field validation ---------------------------------------------------------------------
 
-Check = Callable[[str, Any], Any]
-
-
-def _int(minimum: int) -> Check:
-    def check(key: str, value: Any) -> Any:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"expected an integer, got {type_name(value)} {short_repr(value)}")
-        if value < minimum:
-            raise ValueError(f"must be >= {minimum}, got {value}")
-        if value > 1_000_000:
-            raise ValueError(f"{value} is not a plausible size (limit 1,000,000)")
-        return value
-    return check
-
-
-def _optional(inner: Check) -> Check:
-    def check(key: str, value: Any) -> Any:
-        return None if value is None else inner(key, value)
-    return check
-
-
-def _bool(key: str, value: Any) -> Any:
-    if not isinstance(value, bool):
-        raise ValueError(f"expected true or false, got {type_name(value)} {short_repr(value)}")
-    return value
-
-
-def _choice(*choices: str, nullable: bool = False) -> Check:
-    def check(key: str, value: Any) -> Any:
-        if value is None and nullable:
-            return None
-        if not isinstance(value, str) or value not in choices:
-            allowed = ", ".join(choices) + (", null" if nullable else "")
-            hint = did_you_mean(value, choices) if isinstance(value, str) else ""
-            raise ValueError(f"expected one of {allowed}; got {short_repr(value)}{hint}")
-        return value
-    return check
-
-
-def _string(key: str, value: Any) -> Any:
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"expected a path string, got {type_name(value)} {short_repr(value)}")
-    return value
-
-
 _RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
                       "shared_experts")
 
@@ -314,22 +271,6 @@ def _recompute_modules(key: str, value: Any) -> Any:
             raise ValueError(f"unknown recompute module {short_repr(item)}{hint}; "
                              f"expected some of {', '.join(_RECOMPUTE_MODULES)}")
     return list(value)
-
-
-def _ratio(key: str, value: Any) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"expected a number from 0 to 1, got {short_repr(value)}")
-    return float(value)
-
-
-def _pattern(key: str, value: Any) -> Any:
-    if value is None:
-        return None
-    try:
-        parse_pattern(value)
-    except ValueError as exc:
-        raise ValueError(f"{exc} (pattern {short_repr(value)})") from None
-    return value
 
 
 _GRAPH_MODULES = ("full", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba",
@@ -363,83 +304,75 @@ def _layer_freq(key: str, value: Any) -> Any:
             if isinstance(item, bool) or item not in (0, 1):
                 raise ValueError(f"a list must hold only 0 and 1 (one per layer), got {short_repr(item)}")
         return list(value)
-    return _int(1)(key, value)
+    return int_at_least(1)(key, value)
 
 
-_POSITIVE = _int(1)
 _CHECKS: dict[str, Check] = {
-    "num_layers": _POSITIVE,
-    "hidden_size": _POSITIVE,
-    "num_attention_heads": _POSITIVE,
-    "ffn_hidden_size": _optional(_POSITIVE),
-    "num_query_groups": _optional(_POSITIVE),
-    "kv_channels": _optional(_POSITIVE),
-    "gated_linear_unit": _bool,
-    "num_moe_experts": _optional(_POSITIVE),
-    "moe_ffn_hidden_size": _optional(_POSITIVE),
-    "moe_shared_expert_intermediate_size": _optional(_POSITIVE),
+    "num_layers": POSITIVE,
+    "hidden_size": POSITIVE,
+    "num_attention_heads": POSITIVE,
+    "ffn_hidden_size": optional(POSITIVE),
+    "num_query_groups": optional(POSITIVE),
+    "kv_channels": optional(POSITIVE),
+    "gated_linear_unit": boolean,
+    "num_moe_experts": optional(POSITIVE),
+    "moe_ffn_hidden_size": optional(POSITIVE),
+    "moe_shared_expert_intermediate_size": optional(POSITIVE),
     "moe_layer_freq": _layer_freq,
-    "moe_grouped_gemm": _bool,
-    "moe_router_topk": _POSITIVE,
-    "mtp_num_layers": _optional(_int(0)),
-    "mtp_use_repeated_layer": _bool,
-    "fp8": _choice(*FP8_FORMATS, nullable=True),
-    "fp8_recipe": _choice(*FP8_RECIPES, "custom"),
-    "fp4": _choice("e2m1", nullable=True),
-    "fp4_recipe": _choice(*FP4_RECIPES, "custom"),
-    "first_last_layers_bf16": _bool,
-    "num_layers_at_start_in_bf16": _int(0),
-    "num_layers_at_end_in_bf16": _int(0),
-    "fp8_output_proj": _bool,
-    "gradient_accumulation_fusion": _bool,
-    "disable_parameter_transpose_cache": _bool,
-    "use_kitchen": _bool,
-    "share_embeddings_and_output_weights": _bool,
-    "vocab_size": _optional(_POSITIVE),
-    "quant_recipe": _string,
-    "multi_latent_attention": _bool,
-    "q_lora_rank": _optional(_POSITIVE),
-    "kv_lora_rank": _POSITIVE,
-    "qk_head_dim": _POSITIVE,
-    "qk_pos_emb_head_dim": _POSITIVE,
-    "v_head_dim": _POSITIVE,
-    "qk_layernorm": _bool,
-    "mla_down_proj_fusion": _bool,
-    "recompute_granularity": _choice("full", "selective", nullable=True),
-    "recompute_method": _choice("uniform", "block", nullable=True),
-    "recompute_num_layers": _optional(_POSITIVE),
+    "moe_grouped_gemm": boolean,
+    "moe_router_topk": POSITIVE,
+    "mtp_num_layers": optional(int_at_least(0)),
+    "mtp_use_repeated_layer": boolean,
+    "fp8": choice(*FP8_FORMATS, nullable=True),
+    "fp8_recipe": choice(*FP8_RECIPES, "custom"),
+    "fp4": choice("e2m1", nullable=True),
+    "fp4_recipe": choice(*FP4_RECIPES, "custom"),
+    "first_last_layers_bf16": boolean,
+    "num_layers_at_start_in_bf16": int_at_least(0),
+    "num_layers_at_end_in_bf16": int_at_least(0),
+    "fp8_output_proj": boolean,
+    "gradient_accumulation_fusion": boolean,
+    "disable_parameter_transpose_cache": boolean,
+    "use_kitchen": boolean,
+    "share_embeddings_and_output_weights": boolean,
+    "vocab_size": optional(POSITIVE),
+    "quant_recipe": string,
+    "multi_latent_attention": boolean,
+    "q_lora_rank": optional(POSITIVE),
+    "kv_lora_rank": POSITIVE,
+    "qk_head_dim": POSITIVE,
+    "qk_pos_emb_head_dim": POSITIVE,
+    "v_head_dim": POSITIVE,
+    "qk_layernorm": boolean,
+    "mla_down_proj_fusion": boolean,
+    "recompute_granularity": choice("full", "selective", nullable=True),
+    "recompute_method": choice("uniform", "block", nullable=True),
+    "recompute_num_layers": optional(POSITIVE),
     "recompute_modules": _recompute_modules,
-    "moe_layer_recompute": _bool,
-    "pipeline_model_parallel_size": _POSITIVE,
-    "virtual_pipeline_model_parallel_size": _optional(_POSITIVE),
-    "num_layers_in_first_pipeline_stage": _optional(_int(0)),
-    "num_layers_in_last_pipeline_stage": _optional(_int(0)),
-    "account_for_embedding_in_pipeline_split": _bool,
-    "account_for_loss_in_pipeline_split": _bool,
+    "moe_layer_recompute": boolean,
+    "pipeline_model_parallel_size": POSITIVE,
+    "virtual_pipeline_model_parallel_size": optional(POSITIVE),
+    "num_layers_in_first_pipeline_stage": optional(int_at_least(0)),
+    "num_layers_in_last_pipeline_stage": optional(int_at_least(0)),
+    "account_for_embedding_in_pipeline_split": boolean,
+    "account_for_loss_in_pipeline_split": boolean,
     "pipeline_model_parallel_layout": _layout,
-    "use_megatron_fsdp": _bool,
-    "data_parallel_sharding_strategy": _choice("no_shard", "optim", "optim_grads",
+    "use_megatron_fsdp": boolean,
+    "data_parallel_sharding_strategy": choice("no_shard", "optim", "optim_grads",
                                                "optim_grads_params"),
-    "hybrid_layer_pattern": _pattern,
-    "hybrid_override_pattern": _pattern,
-    "hybrid_attention_ratio": _ratio,
-    "hybrid_mlp_ratio": _ratio,
-    "mamba_state_dim": _POSITIVE,
-    "mamba_head_dim": _POSITIVE,
-    "mamba_num_groups": _POSITIVE,
-    "mamba_num_heads": _optional(_POSITIVE),
-    "encoder_num_layers": _optional(_POSITIVE),
-    "delay_wgrad_compute": _bool,
-    "cuda_graph_impl": _choice("none", "local", "transformer_engine", "full_iteration"),
-    "enable_cuda_graph": _bool,
-    "external_cuda_graph": _bool,
+    "delay_wgrad_compute": boolean,
+    "cuda_graph_impl": choice("none", "local", "transformer_engine", "full_iteration"),
+    "enable_cuda_graph": boolean,
+    "external_cuda_graph": boolean,
     "cuda_graph_modules": _graph_modules,
     "cuda_graph_scope": _graph_modules,
-    "fp8_param": _bool,
-    "fp4_param": _bool,
-    "freeze_all_layers": _bool,
-    "layer_spec": _choice("te", "modelopt"),
+    "fp8_param": boolean,
+    "fp4_param": boolean,
+    "freeze_all_layers": boolean,
+    "layer_spec": choice("te", "modelopt"),
 }
+for _family in families.parts("fields"):  # each family checks its own fields
+    _CHECKS.update(_family.CHECKS)
 MODELLED_FIELDS = frozenset(f.name for f in fields(ModelConfig) if f.name != "source")
 assert MODELLED_FIELDS == frozenset(_CHECKS), "every modelled field needs a check"
 REQUIRED_FIELDS = ("num_layers", "hidden_size", "num_attention_heads")

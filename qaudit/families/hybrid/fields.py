@@ -11,12 +11,37 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 from qaudit.errors import InputError
-from qaudit.families.hybrid.pattern import MAMBA, MOE, pattern_from_ratios
+from qaudit.families.hybrid.pattern import MAMBA, MOE, parse_pattern, pattern_from_ratios
+from qaudit.load.field_checks import POSITIVE, Check, optional, ratio
+from qaudit.load.yamlio import short_repr
 
 if TYPE_CHECKING:
     from qaudit.load.config import ModelConfig
 
 _PATTERN_KEYS = ("hybrid_layer_pattern", "hybrid_override_pattern")
+
+
+def _pattern(key: str, value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        parse_pattern(value)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (pattern {short_repr(value)})") from None
+    return value
+
+
+# The family's fields (declared in ModelConfig) and the check of each value.
+CHECKS: dict[str, Check] = {
+    "hybrid_layer_pattern": _pattern,
+    "hybrid_override_pattern": _pattern,
+    "hybrid_attention_ratio": ratio,
+    "hybrid_mlp_ratio": ratio,
+    "mamba_state_dim": POSITIVE,
+    "mamba_head_dim": POSITIVE,
+    "mamba_num_groups": POSITIVE,
+    "mamba_num_heads": optional(POSITIVE),
+}
 
 
 def claims(config: ModelConfig) -> bool:

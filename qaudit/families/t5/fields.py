@@ -12,8 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+from qaudit.load.field_checks import POSITIVE, Check, optional
+
 if TYPE_CHECKING:
     from qaudit.load.config import ModelConfig
+
+# The family's field (declared in ModelConfig) and the check of its value.
+CHECKS: dict[str, Check] = {"encoder_num_layers": optional(POSITIVE)}
 
 # Fields whose feature T5's fixed TE spec (megatron/core/models/T5/t5_spec.py) cannot build.
 _NOT_IN_T5_SPEC = (
