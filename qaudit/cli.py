@@ -205,12 +205,13 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
         # Inputs load before torch is imported: a bad file is refused at once. Under torchrun
         # the ranks agree on the loading outcome inside audit_files.
         if options.world is None:
-            inputs_loaded = load_inputs(config, recipe, dict(options.variables))
-        from qaudit.commands.check import audit_files, audit_inputs
+            loaded = load_inputs(config, recipe, dict(options.variables))
+            from qaudit.commands.check import audit_inputs
 
-        if options.world is None:
-            report = audit_inputs(*inputs_loaded, options, suggest=suggest_fixes)
+            report = audit_inputs(*loaded, options, suggest=suggest_fixes)
         else:
+            from qaudit.commands.check import audit_files
+
             report = audit_files(config, recipe, options, suggest=suggest_fixes)
     except InputError as exc:
         return failed(f"error: {exc}", EXIT_USAGE)

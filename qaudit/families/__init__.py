@@ -60,14 +60,8 @@ class FamilyModel(Protocol):
 
 def parts(kind: str) -> list[ModuleType]:
     """Every family's `kind` module ("fields", "flags", "sizes", "model"), where it has one."""
-    found = []
-    for name in FAMILIES:
-        try:
-            found.append(importlib.import_module(f"{__name__}.{name}.{kind}"))
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}.{kind}":
-                raise
-    return found
+    found = (_part(name, kind) for name in FAMILIES)
+    return [module for module in found if module is not None]
 
 
 def family_of(config: ModelConfig) -> str:
@@ -81,11 +75,14 @@ def family_of(config: ModelConfig) -> str:
 def part_of(config: ModelConfig, kind: str) -> ModuleType | None:
     """The `kind` module of `config`'s family; None for the GPT base or where it has none."""
     family = family_of(config)
-    if family == BASE:
-        return None
+    return None if family == BASE else _part(family, kind)
+
+
+def _part(family: str, kind: str) -> ModuleType | None:
+    name = f"{__name__}.{family}.{kind}"
     try:
-        return importlib.import_module(f"{__name__}.{family}.{kind}")
+        return importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{family}.{kind}":
+        if exc.name != name:  # a missing import inside the module is a bug, not an absence
             raise
         return None

@@ -285,24 +285,17 @@ def repo_relative(path: str, cwd: str | os.PathLike | None = None) -> str:
 def megatron_text(report: Report) -> str | None:
     """Which Megatron the verdict is for, and why that one: `megatron-core 0.19.2 (assumed:
     ...)`. None for reports written before qaudit named it."""
-    target = getattr(report, "megatron", None)
-    if not isinstance(target, dict):
-        return None
-    label = str(target.get("label") or target.get("version") or "?")
-    source, note = target.get("source"), target.get("note")
-    if source == "installed":
-        how = f"installed: {target.get('location')}" + (f"; {note}" if note else "")
-    elif source == "named":
-        how = "named with --megatron"
-    else:
-        how = "assumed" + (f": {note}" if note else "")
-    return printable(f"{label} ({how})")
+    return _target_text(getattr(report, "megatron", None), "--megatron")
 
 
 def te_text(report: Report) -> str | None:
     """Which Transformer Engine behaviour the verdict is for: `Transformer Engine 2.20.2
     (assumed: ...)`. None for reports written before qaudit named it."""
-    target = getattr(report, "te", None)
+    return _target_text(getattr(report, "te", None), "--te")
+
+
+def _target_text(target: object, option: str) -> str | None:
+    """A report's `megatron` or `te` entry as one line: label, then installed, named or assumed."""
     if not isinstance(target, dict):
         return None
     label = str(target.get("label") or target.get("version") or "?")
@@ -310,7 +303,7 @@ def te_text(report: Report) -> str | None:
     if source == "installed":
         how = f"installed: {target.get('location')}" + (f"; {note}" if note else "")
     elif source == "named":
-        how = "named with --te"
+        how = f"named with {option}"
     else:
         how = "assumed" + (f": {note}" if note else "")
     return printable(f"{label} ({how})")

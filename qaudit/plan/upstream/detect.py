@@ -21,13 +21,13 @@ release whatever they contain. docs/megatron-releases.md lists what each release
 from __future__ import annotations
 
 import ast
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
 from qaudit.plan.policies import REARM_SETTINGS
+from qaudit.plan.upstream.dist_info import dist_info_version
 from qaudit.plan.upstream.releases import MegatronBehaviour
 
 _MAX_SOURCE_BYTES = 8 * 1024 * 1024
@@ -74,18 +74,9 @@ def locate_megatron(search_path: Sequence[str] | None = None) -> MegatronLocatio
 
 def _version_of(root: Path) -> tuple[str | None, str]:
     """(version, kind): from the distribution's metadata beside it, else package_info.py."""
-    try:
-        candidates = sorted(root.glob("megatron_core-*.dist-info"))
-    except OSError:
-        candidates = []
-    for info in candidates:
-        try:
-            metadata = (info / "METADATA").read_text(errors="replace")[:65536]
-        except OSError:
-            continue
-        match = re.search(r"^Version:\s*(\S+)", metadata, re.MULTILINE)
-        if match:
-            return match.group(1), "package"
+    version = dist_info_version(root, "megatron_core-")
+    if version is not None:
+        return version, "package"
     return _package_info_version(root), "checkout"
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from qaudit.errors import InputError
+from qaudit.plan.upstream.dist_info import dist_info_version
 
 # TE releases whose Python sources qaudit's facts were read in: every tag from v1.9 (the
 # first with GroupedLinear) to v2.18, and the 2.20.2 wheel from the package index.
@@ -151,18 +152,9 @@ def _version_beside(root: Path) -> str | None:
     """From the distributions' METADATA next to the package: the meta package's first, then
     the framework and core wheels' (all carry the same release number)."""
     for prefix in _DIST_PREFIXES:
-        try:
-            candidates = sorted(root.glob(f"{prefix}*.dist-info"))
-        except OSError:
-            continue
-        for info in candidates:
-            try:
-                metadata = (info / "METADATA").read_text(errors="replace")[:65536]
-            except OSError:
-                continue
-            match = re.search(r"^Version:\s*(\S+)", metadata, re.MULTILINE)
-            if match:
-                return match.group(1)
+        version = dist_info_version(root, prefix)
+        if version is not None:
+            return version
     try:  # a source checkout on PYTHONPATH keeps its number in build_tools/VERSION.txt
         text = (root / "build_tools" / "VERSION.txt").read_text(errors="replace")[:200]
     except OSError:
