@@ -447,3 +447,57 @@ def test_hostile_editable_files_are_ignored(tmp_path, reads, fifo_with_writer):
     (site / "c.pth").write_text("x" * 5000 + "\n")
     assert locate_megatron([str(site)]) is None
     assert reads["bytes"] < 200_000
+
+
+# --- known commits, main, and the Megatron a config's writer pins ---------------------------
+
+def test_known_commits_by_name_and_by_prefix():
+    for spec in ("bridge-v0.6.0", "cd4afffa64", "CD4AFFFA64", "cd4afff", COMMIT):
+        target = resolve_megatron(spec)
+        assert (target.source, target.version, target.commit, target.kind) == \
+            ("named", "bridge-v0.6.0", COMMIT, "commit")
+        assert target.behaviour.policy == "legacy" and not target.behaviour.missing_fields
+    assert resolve_megatron("bridge-v0.6.0").label() == \
+        "Megatron-LM cd4afffa64 (Megatron-Bridge v0.6.0's pinned Megatron-LM)"
+    assert resolve_megatron("d98e8a64").behaviour.policy == "legacy"  # main as read, before #6965
+    assert resolve_megatron("main").label() == "Megatron-LM main (d98e8a64 + PR #6965)"
+    for unknown in ("cd4aff", "bridge-v0.5.0", "0123456789ab"):
+        with pytest.raises(InputError, match="bridge-v0.6.0 .cd4afffa64."):
+            resolve_megatron(unknown)
+
+
+def test_auto_without_megatron_assumes_the_pin_the_config_source_names(tmp_path):
+    from qaudit.commands.check import audit_inputs
+    from qaudit.commands.inputs import load_inputs
+    from qaudit.run.options import AuditOptions
+
+    config, recipe = load_inputs("configs/gpt-mtp-bf16.yaml", None)
+    assert resolve_megatron("auto", [str(tmp_path)], assumed=None).version == "0.19.2"
+    config.source.assumed_megatron = "bridge-v0.6.0"  # as the Megatron-Bridge reader sets it
+    report = audit_inputs(config, recipe, AuditOptions(steps=1))
+    megatron = report.megatron
+    assert (megatron["source"], megatron["version"], megatron["commit"]) == \
+        ("assumed", "bridge-v0.6.0", COMMIT)
+    assert megatron["note"].startswith("Megatron-Bridge v0.6.0's pinned Megatron-LM cd4afffa64")
+    assert any(f.rule == "QA001" for f in report.findings)  # legacy: the BF16 repeated MTP fails
+    # Named or importable, the Megatron is the one audited; the pin is only auto's fallback.
+    assert audit_inputs(config, recipe, AuditOptions(steps=1, megatron="main")).megatron[
+        "version"] == "main"
+    root = write_megatron(tmp_path / "mlm", version="0.19.2")
+    installed = resolve_megatron("auto", [str(root)], assumed="bridge-v0.6.0")
+    assert (installed.source, installed.version) == ("installed", "0.19.2")
+    unreadable = resolve_megatron("auto", [str(tmp_path / "none")], assumed="bridge-v0.6.0")
+    assert "no Megatron importable" in unreadable.note
+
+
+def test_te_path_reads_the_version_there(tmp_path, monkeypatch, capsys):
+    site = _site(tmp_path)
+    _te_metadata(site).write_text("Version: 2.12.0\n")
+    target = resolve_te(str(site))
+    assert (target.source, target.version, target.location) == ("named", "2.12.0", str(site))
+    assert resolve_te(str(site / "transformer_engine")).version == "2.12.0"
+    with pytest.raises(InputError, match="no transformer_engine"):
+        resolve_te(str(tmp_path))
+    code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                    "--te", str(tmp_path / "missing"))
+    assert (code, out) == (2, "") and "no such directory" in err
