@@ -365,8 +365,7 @@ def test_megatron_path_reads_the_code_there_and_names_its_commit(monkeypatch, ca
     target = resolve_megatron(str(submodule))
     assert (target.source, target.kind, target.commit, target.behaviour.policy) == \
         ("named", "checkout", COMMIT, "legacy")
-    assert target.label() == ("Megatron-LM checkout 0.20.0rc1 at cd4afffa64 "
-                              "(Megatron-Bridge v0.6.0's pinned Megatron-LM)")
+    assert target.label() == "Megatron-LM checkout 0.20.0rc1 at cd4afffa64 (Megatron-Bridge v0.6.0's pin)"
     assert resolve_megatron(str(submodule / "megatron" / "core")).location == str(submodule)
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-mtp-bf16.yaml",
                                   "--megatron", str(submodule))
@@ -458,7 +457,7 @@ def test_known_commits_by_name_and_by_prefix():
             ("named", "bridge-v0.6.0", COMMIT, "commit")
         assert target.behaviour.policy == "legacy" and not target.behaviour.missing_fields
     assert resolve_megatron("bridge-v0.6.0").label() == \
-        "Megatron-LM cd4afffa64 (Megatron-Bridge v0.6.0's pinned Megatron-LM)"
+        "Megatron-LM cd4afffa64 (Megatron-Bridge v0.6.0's pin)"
     assert resolve_megatron("d98e8a64").behaviour.policy == "legacy"  # main as read, before #6965
     assert resolve_megatron("main").label() == "Megatron-LM main (d98e8a64 + PR #6965)"
     for unknown in ("cd4aff", "bridge-v0.5.0", "0123456789ab"):

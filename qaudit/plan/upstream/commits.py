@@ -34,7 +34,8 @@ class KnownCommit:
     name: str  # what --megatron takes
     commit: str  # the full commit id
     date: str  # its commit date
-    title: str  # what it is, for labels and notes
+    title: str  # what it is, short, for labels: "Megatron-Bridge v0.6.0's pin"
+    described: str  # the same as a noun for notes: "Megatron-Bridge v0.6.0's pinned Megatron-LM"
     package_version: str  # megatron/core/package_info.py at that commit
     behaviour: MegatronBehaviour
 
@@ -45,9 +46,11 @@ class KnownCommit:
 
 COMMITS: tuple[KnownCommit, ...] = (
     KnownCommit("bridge-v0.6.0", "cd4afffa648426a959dc7cb1e24b5ce7d0c3ff54", "2026-07-25",
-                "Megatron-Bridge v0.6.0's pinned Megatron-LM", "0.19.0", _LEGACY),
+                "Megatron-Bridge v0.6.0's pin", "Megatron-Bridge v0.6.0's pinned Megatron-LM",
+                "0.19.0", _LEGACY),
     KnownCommit("d98e8a64", MAIN_READ_AT, "2026-08-22",
-                "Megatron-LM main as read, before PR #6965", "0.20.0", _LEGACY),
+                "main as read, before PR #6965", "Megatron-LM main as read, before PR #6965",
+                "0.20.0", _LEGACY),
 )
 
 

@@ -136,7 +136,7 @@ def _assumed(assumed: str | None, why: str) -> MegatronTarget:
                               if why == "no Megatron importable"
                               else f"{why}; {CHOOSE_HINT}")
     return _commit_target("assumed", known, note=(
-        f"{known.title} {known.short}, the one this config's writer pins ({why}); "
+        f"{known.described} {known.short}, which the config's writer pins ({why}); "
         f"{CHOOSE_HINT}"))
 
 
@@ -149,8 +149,8 @@ def _differences(location: MegatronLocation, behaviour: MegatronBehaviour) -> st
                      "audited as its code reads")
     known = known_commit(location.commit)
     if location.kind == "checkout" and known is not None and known.behaviour != behaviour:
-        notes.append(f"its code differs from {known.title} {known.short} (modified?): audited "
-                     "as its code reads")
+        notes.append(f"its code differs from {known.described} {known.short} (modified?): "
+                     "audited as its code reads")
     if location.version_problem:
         notes.append(f"no version ({location.version_problem})" if location.version is None
                      else f"version from package_info.py ({location.version_problem})")
