@@ -440,12 +440,16 @@ def test_hostile_editable_files_are_ignored(tmp_path, reads, fifo_with_writer):
     site.mkdir()
     fifo_with_writer(site / "a.pth")
     (site / "b.pth").symlink_to("/dev/zero")
-    fifo_with_writer(site / "__editable___x_finder.py")
-    (site / "__editable___y_finder.py").write_text("MAPPING = {'megatron': __import__('os')}\n")
-    (site / "__editable___z_finder.py").write_text("MAPPING = " + "[" * 100_000 + "\n")
+    fifo_with_writer(site / "__editable___megatron_x_finder.py")
+    (site / "__editable___megatron_y_finder.py").write_text(
+        "MAPPING = {'megatron': __import__('os')}\n")
+    (site / "__editable___megatron_z_finder.py").write_text("MAPPING = " + "[" * 100_000 + "\n")
     (site / "c.pth").write_text("x" * 5000 + "\n")
+    (site / "d.pth").write_text("".join(f"/nowhere/{i}\n" for i in range(5000)))
     assert locate_megatron([str(site)]) is None
     assert reads["bytes"] < 200_000
+    from qaudit.plan.upstream.editable import pth_roots
+    assert len(pth_roots(site)) == 1024  # path lines taken per directory
 
 
 # --- known commits, main, and the Megatron a config's writer pins ---------------------------

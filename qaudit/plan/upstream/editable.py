@@ -16,16 +16,20 @@ from pathlib import Path
 
 from qaudit.plan.upstream.bounded import RefusedRead, names_in, read_text, shown
 
-_PTH_BYTES = 64 * 1024
-_FINDER_BYTES = 1024 * 1024
-_MOST_FILES = 256  # .pth or finder files looked at per directory
+_PTH_BYTES = 16 * 1024  # a .pth file is a few lines
+_PTH_FILES = 256
+_PTH_LINES = 1024  # path lines taken per directory, all its .pth files together
+# setuptools names a finder after its distribution: megatron-core's (or a fork's) starts so.
+_FINDER_PREFIX = "__editable___megatron"
+_FINDER_BYTES = 256 * 1024  # the template is a few KiB, plus one line per mapped package
+_FINDER_FILES = 16
 
 
 def pth_roots(site_dir: Path) -> list[tuple[Path, str]]:
     """(directory, where it comes from) for each path line of the `.pth` files in
     `site_dir`, in the order site reads them."""
-    found = []
-    for name in names_in(site_dir, ending=".pth", most=_MOST_FILES):
+    found: list[tuple[Path, str]] = []
+    for name in names_in(site_dir, ending=".pth", most=_PTH_FILES):
         try:
             text = read_text(site_dir / name, _PTH_BYTES)
         except RefusedRead:
@@ -35,6 +39,8 @@ def pth_roots(site_dir: Path) -> list[tuple[Path, str]]:
             if not line or line.startswith("#") or line.startswith(("import ", "import\t")):
                 continue
             found.append((site_dir / line, f"via {shown(site_dir / name)}"))
+            if len(found) >= _PTH_LINES:
+                return found
     return found
 
 
@@ -42,8 +48,8 @@ def finder_roots(site_dir: Path) -> list[tuple[Path, str]]:
     """(sys.path-like root holding `megatron/core`, where it comes from) for each editable
     finder in `site_dir` that maps `megatron` or `megatron.core`."""
     found = []
-    for name in names_in(site_dir, starting="__editable__", ending="_finder.py",
-                         most=_MOST_FILES):
+    for name in names_in(site_dir, starting=_FINDER_PREFIX, ending="_finder.py",
+                         most=_FINDER_FILES):
         mapping = _mapping(site_dir / name)
         via = f"editable install, {shown(site_dir / name)}"
         for package, ups in (("megatron.core", 2), ("megatron", 1)):
