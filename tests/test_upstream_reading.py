@@ -393,7 +393,7 @@ def test_a_modified_pinned_checkout_says_so(tmp_path):
     assert target.behaviour.policy == "config" and "differs from Megatron-Bridge" in target.note
 
 
-def test_auto_finds_megatron_through_an_editable_finder(tmp_path):
+def test_auto_finds_megatron_through_an_editable_finder(tmp_path, monkeypatch, capsys):
     submodule = _vendored(tmp_path)
     site = tmp_path / "site-packages"
     site.mkdir()
@@ -415,6 +415,14 @@ def test_auto_finds_megatron_through_an_editable_finder(tmp_path):
     target = resolve_megatron("auto", [str(site)])
     assert target.source == "installed" and "editable install" in target.note
     assert "cd4afffa64" in target.label()
+    # On PYTHONPATH itself, the checkout is found first, with the same commit.
+    assert locate_megatron([str(submodule), str(site)]).via is None
+    monkeypatch.syspath_prepend(str(site))
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-mtp-bf16.yaml",
+                                  "--format", "json")
+    megatron = json.loads(out)["megatron"]
+    assert code == 1 and (megatron["source"], megatron["commit"]) == ("installed", COMMIT)
+    assert megatron["location"] == str(submodule) and "editable install" in megatron["note"]
 
 
 def test_auto_finds_megatron_through_a_pth_path_line(tmp_path):
