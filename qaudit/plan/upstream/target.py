@@ -118,23 +118,23 @@ def _installed_or_assumed(search_path: Sequence[str] | None,
                           assumed: str | None) -> MegatronTarget:
     location = locate_megatron(search_path)
     if location is None:
-        return _assumed(assumed, "no Megatron importable")
+        return _assumed(assumed, "no Megatron importable",
+                        "no Megatron importable, the newest release qaudit knows")
     try:
         behaviour = read_behaviour(location)
     except UnreadableMegatron as exc:
-        return _assumed(assumed, f"found {location.describe()} but could not read its "
-                                 f"behaviour ({exc})")
+        why = f"found {location.describe()} but could not read its behaviour ({exc})"
+        return _assumed(assumed, why, why)
     return MegatronTarget("installed", location.version or "unknown", behaviour,
                           location=str(location.root), note=_differences(location, behaviour),
                           kind=location.kind, commit=location.commit)
 
 
-def _assumed(assumed: str | None, why: str) -> MegatronTarget:
+def _assumed(assumed: str | None, why: str, newest_why: str) -> MegatronTarget:
+    """The writer's pin when `assumed` names a known commit, else the newest release."""
     known = known_commit(assumed)
     if known is None:
-        return newest_release(f"{why}, the newest release qaudit knows; {CHOOSE_HINT}"
-                              if why == "no Megatron importable"
-                              else f"{why}; {CHOOSE_HINT}")
+        return newest_release(f"{newest_why}; {CHOOSE_HINT}")
     return _commit_target("assumed", known, note=(
         f"{known.described} {known.short}, which the config's writer pins ({why}); "
         f"{CHOOSE_HINT}"))
