@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from qaudit import __version__
-from qaudit.errors import EnvironmentProblem, InputError
+from qaudit.errors import EnvironmentProblem, InputError, printable
 
 if TYPE_CHECKING:
     from qaudit.run.options import AuditOptions
@@ -69,7 +69,7 @@ POLICY_HELP = ("Override the tracking behaviour of --megatron: legacy (megatron-
 
 
 def _fail(message: str, code: int) -> None:
-    typer.echo(message, err=True)
+    typer.echo(printable(message), err=True)
     raise typer.Exit(code)
 
 
@@ -133,6 +133,14 @@ def check(
                                      "config with the installed Megatron (megatron-core or a "
                                      "checkout on PYTHONPATH) and report every module where "
                                      "it differs from qaudit's model (rule QA030)."),
+    cross_check_timeout: float = typer.Option(
+        900.0, "--cross-check-timeout", min=0.1, max=86400.0, metavar="SECONDS",
+        help="--cross-check: wall-clock deadline of the worker that runs the installed "
+             "Megatron; past it the worker is killed and qaudit exits 3."),
+    cross_check_memory: int = typer.Option(
+        16384, "--cross-check-memory", min=0, metavar="MIB",
+        help="--cross-check: how far the worker's address space may grow beyond what it "
+             "starts with (RLIMIT_AS, forked worker only); 0: no limit."),
     allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run even when "
                                           "the estimated audit time (modules x steps x "
                                           "microbatches) is over 10 minutes; refused (exit "
@@ -157,6 +165,8 @@ def check(
                            seed=seed, evaluation=evaluation, verify=verify,
                            compare_policies=compare_policies, allow_import=allow_import,
                            full_size=full_size, rank=rank, world=world, cross_check=cross_check,
+                           cross_check_timeout=cross_check_timeout,
+                           cross_check_memory=cross_check_memory or None,
                            allow_long_audit=allow_long_audit)
     # Under torchrun every rank reaches the same outcome and only rank 0 speaks.
     speaks = world is None or world.is_leader
@@ -182,7 +192,7 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
 
     def failed(message: str, code: int) -> int:
         if speaks:
-            typer.echo(message, err=True)
+            typer.echo(printable(message), err=True)
         return code
 
     inputs = [("config", config)] + ([("recipe", recipe)] if recipe else []) \
@@ -384,6 +394,9 @@ def main() -> None:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - last line of defence for exit code 3
-        sys.stderr.write(f"internal error: {type(exc).__name__}: {exc}\n"
+        sys.stderr.write(printable(f"internal error: {type(exc).__name__}: {exc}")[:2000] + "\n"
                          "This is a bug in qaudit; please report it with the input files.\n")
+        sys.exit(EXIT_INTERNAL)
+    except BaseException as exc:  # noqa: BLE001 - GeneratorExit and the like: still exit 3
+        sys.stderr.write(printable(f"internal error: {type(exc).__name__}: {exc}")[:2000] + "\n")
         sys.exit(EXIT_INTERNAL)

@@ -1,0 +1,206 @@
+"""Hostile and careless inputs, round three (issue 21): one section per class.
+
+1. the user's own Megatron under --cross-check (exit codes, output, deadline, memory, the
+   worker outliving qaudit); 2. outputs written through symlinks; 3. launch-script shapes
+   outside the shell budget; 4. recipe glob patterns; 5. escaping of every printed string;
+   6. unencodable characters on a non-UTF-8 stdout.
+scripts/fuzz has a generator for each class (tests/hostile_inputs.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import mutations as m
+
+REPO = Path(__file__).resolve().parent.parent
+BASE = "num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+CONFIG = str(REPO / "configs" / "gpt-small-bf16.yaml")
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    return m.run_cli([*args])
+
+
+def fake_megatron(root: Path, core_init: str) -> Path:
+    """A Megatron checkout whose `import megatron.core` runs `core_init`."""
+    (root / "megatron" / "core").mkdir(parents=True)
+    (root / "megatron" / "__init__.py").write_text("")
+    (root / "megatron" / "core" / "__init__.py").write_text(textwrap.dedent(core_init))
+    return root
+
+
+# --- 1. the user's Megatron never decides the exit code ------------------------------------
+
+HOSTILE_MEGATRONS = {
+    "exit": "exit()",
+    "sys.exit(1)": "import sys; sys.exit(1)",
+    "sys.exit(0)": "import sys; sys.exit(0)",
+    "KeyboardInterrupt": "raise KeyboardInterrupt",
+    "GeneratorExit": "raise GeneratorExit('closed')",
+    "BaseException subclass": "class Odd(BaseException): pass\nraise Odd('odd')",
+    "os._exit(0)": "import os; os._exit(0)",
+    "os._exit(1)": "import os; os._exit(1)",
+    "SIGKILL itself": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+    "prints then raises": """\
+        import os, sys
+        print("UPSTREAM-STDOUT")
+        sys.stderr.write("UPSTREAM-STDERR\\n")
+        os.write(1, b"UPSTREAM-FD1\\n")
+        os.write(2, b"UPSTREAM-FD2\\n")
+        raise RuntimeError("after printing")
+        """,
+    "forks": """\
+        import os, time
+        if os.fork() == 0:
+            time.sleep(600)
+        raise RuntimeError("forked")
+        """,
+    "bidi and ANSI in its message": "raise RuntimeError('evil \\u202e \\x1b[31mred \\r x')",
+}
+
+
+def one_line_exit_3(code: int, out: str, err: str) -> None:
+    assert (code, out) == (3, ""), (code, out, err)
+    assert err.count("\n") == 1 and err.startswith("error: --cross-check: "), err
+    assert "Traceback" not in err and "internal error" not in err
+    assert err.isprintable() or err[:-1].isprintable(), repr(err)
+
+
+@pytest.mark.parametrize("body", HOSTILE_MEGATRONS.values(), ids=HOSTILE_MEGATRONS.keys())
+def test_whatever_upstream_does_it_is_exit_3_in_one_line(body, tmp_path, monkeypatch, capfd):
+    monkeypatch.syspath_prepend(str(fake_megatron(tmp_path, body)))
+    code, out, err = cli("check", CONFIG, "--cross-check", "-f", "json")
+    fd_out, fd_err = capfd.readouterr()
+    one_line_exit_3(code, out, err)
+    # Nothing upstream printed reached qaudit's stdout or stderr, at any level.
+    assert "UPSTREAM" not in fd_out + fd_err + out + err.replace("UPSTREAM-FD2", "")
+
+
+def test_what_upstream_printed_last_is_quoted_escaped(tmp_path, monkeypatch, capfd):
+    body = "import os\nos.write(2, b'why: \\x1b[2J bad\\n')\nraise SystemExit(1)"
+    monkeypatch.syspath_prepend(str(fake_megatron(tmp_path, body)))
+    code, out, err = cli("check", CONFIG, "--cross-check")
+    one_line_exit_3(code, out, err)
+    assert "its code called exit(1)" in err and "why: \\x1b[2J bad" in err
+
+
+def test_the_deadline_kills_a_hanging_build(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(fake_megatron(tmp_path, "import time; time.sleep(600)")))
+    code, out, err = cli("check", CONFIG, "--cross-check", "--cross-check-timeout", "1")
+    one_line_exit_3(code, out, err)
+    assert "--cross-check-timeout 1 s" in err
+
+
+def test_memory_exhaustion_is_exit_3(tmp_path, monkeypatch):
+    body = "x = bytearray(8 * 1024 ** 3)"  # 8 GiB, over the 512 MiB the worker may grow by
+    monkeypatch.syspath_prepend(str(fake_megatron(tmp_path, body)))
+    code, out, err = cli("check", CONFIG, "--cross-check", "--cross-check-memory", "512")
+    one_line_exit_3(code, out, err)
+    assert "MemoryError" in err
+
+
+def test_processes_upstream_forks_are_killed_with_the_worker(tmp_path, monkeypatch):
+    marker = tmp_path / "grandchild.pid"
+    body = f"""\
+        import os, time
+        if os.fork() == 0:
+            open({str(marker)!r}, "w").write(str(os.getpid()))
+            time.sleep(600)
+            os._exit(0)
+        time.sleep(0.5)
+        raise RuntimeError("forked")
+        """
+    monkeypatch.syspath_prepend(str(fake_megatron(tmp_path / "tree", body)))
+    one_line_exit_3(*cli("check", CONFIG, "--cross-check"))
+    grandchild = int(marker.read_text())
+    assert not _alive(grandchild)
+
+
+def _alive(pid: int, patience: float = 10.0) -> bool:
+    """Whether `pid` still runs after up to `patience` seconds (a kill is asynchronous)."""
+    end = time.monotonic() + patience
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as handle:
+                if handle.read().split(")")[-1].split()[0] == "Z":
+                    return False
+        except FileNotFoundError:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_worker_dies_with_qaudit_and_frees_the_jobs_stdout(tmp_path):
+    """qaudit SIGKILLed (or OOM-killed) mid cross-check: the worker dies too, and whoever
+    reads qaudit's stdout sees EOF."""
+    script = textwrap.dedent(f"""\
+        import os, signal, sys, time
+        from qaudit.crosscheck import worker
+        job = worker.ForkedWorker(time.sleep, (600,), worker.WorkerLimits(), "test")
+        print(job.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                               cwd=tmp_path)
+    child = int(process.stdout.readline())
+    assert process.stdout.read() == b""  # EOF: nobody holds the job's stdout any more
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+    assert not _alive(child)
+
+
+def test_a_worker_result_comes_back_and_its_output_does_not(capfd):
+    from qaudit.crosscheck import worker
+
+    def noisy(value):
+        print("UPSTREAM")
+        os.write(1, b"UPSTREAM")
+        return value * 2
+
+    job = worker.ForkedWorker(noisy, (21,), worker.WorkerLimits(), "test")
+    assert job.result() == 42
+    assert "UPSTREAM" not in "".join(capfd.readouterr())
+
+
+def test_in_process_the_same_holds(capfd):
+    """No fork (or a GPU build): output captured, exits and interrupts turned into exit 3,
+    and the deadline kept with SIGALRM."""
+    from qaudit.crosscheck import worker
+    from qaudit.errors import EnvironmentProblem
+
+    def exits():
+        print("UPSTREAM")
+        os.write(2, b"UPSTREAM last words\n")
+        raise SystemExit(1)
+
+    limits = worker.WorkerLimits(timeout_s=1)
+    with pytest.raises(EnvironmentProblem, match=r"exit\(1\).*UPSTREAM last words"):
+        worker.run_in_process(exits, (), limits, "test")
+    with pytest.raises(EnvironmentProblem, match="KeyboardInterrupt"):
+        worker.run_in_process(lambda: (_ for _ in ()).throw(KeyboardInterrupt), (), limits,
+                              "test")
+    with pytest.raises(EnvironmentProblem, match="--cross-check-timeout 1 s"):
+        worker.run_in_process(time.sleep, (30,), limits, "test")
+    assert "UPSTREAM" not in "".join(capfd.readouterr())
+    assert worker.run_in_process(lambda: 7, (), limits, "test") == 7
+
+
+def test_the_documented_defaults_are_the_options_defaults():
+    from qaudit.crosscheck import worker
+    from qaudit.run.options import AuditOptions
+
+    options = AuditOptions()
+    assert options.cross_check_timeout == worker.DEFAULT_TIMEOUT_S
+    assert options.cross_check_memory == worker.DEFAULT_MEMORY_MIB
+    security = (REPO / "docs" / "security.md").read_text()
+    assert "--cross-check-timeout" in security and "--cross-check-memory" in security
