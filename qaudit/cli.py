@@ -133,6 +133,10 @@ def check(
                                      "config with the installed Megatron (megatron-core or a "
                                      "checkout on PYTHONPATH) and report every module where "
                                      "it differs from qaudit's model (rule QA030)."),
+    allow_symlinked_output: bool = typer.Option(
+        False, "--allow-symlinked-output", help="Write outputs through symbolic links (the "
+        "file a link names). Off by default: an output path that is, or goes through, a "
+        "symlink is refused (exit 2)."),
     cross_check_timeout: float = typer.Option(
         900.0, "--cross-check-timeout", min=0.1, max=86400.0, metavar="SECONDS",
         help="--cross-check: wall-clock deadline of the worker that runs the installed "
@@ -150,8 +154,11 @@ def check(
 
     Under `torchrun --nproc-per-node P --no-python qaudit check ...` each process runs one
     pipeline stage; rank 0 prints the merged report and every rank exits with the same code."""
+    from qaudit.files.outputs import allow_symlinked_output as follow_output_links
     from qaudit.run import distributed
     from qaudit.run.options import AuditOptions
+
+    follow_output_links(allow_symlinked_output)
 
     try:
         world = distributed.world_from_environment()
@@ -323,15 +330,21 @@ def diff(
                                    "makes the exit code 1."),
     allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run even when an "
                                           "audit's estimated time is over 10 minutes."),
+    allow_symlinked_output: bool = typer.Option(
+        False, "--allow-symlinked-output", help="Write outputs through symbolic links (the "
+        "file a link names). Off by default: an output path that is, or goes through, a "
+        "symlink is refused (exit 2)."),
 ) -> None:
     """Audit BASE and HEAD; show only what changes. Exit 1 when HEAD introduces an error."""
     from qaudit.run.options import AuditOptions
     from qaudit.commands.diff import emit_diff, load_side
     from qaudit.judge.diff import diff_reports
-    from qaudit.files.outputs import check_clashes
+    from qaudit.files.outputs import allow_symlinked_output as follow_output_links, check_clashes
     from qaudit.render import parse_outputs
 
     from qaudit.plan.upstream.target import resolve_megatron
+
+    follow_output_links(allow_symlinked_output)
     from qaudit.plan.upstream.te import resolve_te
 
     inputs = [("base", base), ("head", head)] + [

@@ -204,3 +204,136 @@ def test_the_documented_defaults_are_the_options_defaults():
     assert options.cross_check_memory == worker.DEFAULT_MEMORY_MIB
     security = (REPO / "docs" / "security.md").read_text()
     assert "--cross-check-timeout" in security and "--cross-check-memory" in security
+
+
+# --- 2. nothing is written through a symlink ----------------------------------------------
+
+@pytest.fixture
+def workspace(tmp_path, monkeypatch) -> Path:
+    """A PR's checkout (cwd) and, outside it, a file and a folder the PR must not reach."""
+    checkout, outside = tmp_path / "checkout", tmp_path / "outside"
+    checkout.mkdir()
+    outside.mkdir()
+    (checkout / "cfg.yaml").write_text(BASE)
+    (outside / "precious").write_text("keep me")
+    monkeypatch.chdir(checkout)
+    return checkout
+
+
+def outside_untouched(workspace: Path) -> None:
+    outside = workspace.parent / "outside"
+    assert sorted(p.name for p in outside.iterdir()) == ["precious"]
+    assert (outside / "precious").read_text() == "keep me"
+
+
+def refused(result, *words) -> None:
+    code, out, err = result
+    assert (code, out) == (2, ""), (code, err)
+    assert err.count("\n") == 1 and "symbolic link" in err, err
+    for word in words:
+        assert word in err
+
+
+LINKS = {
+    "link to a file": lambda w: os.symlink(w.parent / "outside" / "precious", "out"),
+    "dangling link": lambda w: os.symlink(w.parent / "outside" / "new", "out"),
+    "relative dangling link": lambda w: os.symlink("../outside/new", "out"),
+    "link chain": lambda w: (os.symlink("out2", "out"),
+                             os.symlink(w.parent / "outside" / "precious", "out2")),
+}
+FORMATS = ("table", "markdown", "json", "sarif", "github", "svg")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("make", LINKS.values(), ids=LINKS.keys())
+def test_an_output_that_is_a_symlink_is_refused(workspace, make, fmt):
+    make(workspace)
+    refused(cli("check", "cfg.yaml", "--steps", "1", "--microbatches", "1", "-o", f"{fmt}=out"))
+    outside_untouched(workspace)
+
+
+@pytest.mark.parametrize("make", LINKS.values(), ids=LINKS.keys())
+def test_a_baseline_written_to_a_symlink_is_refused(workspace, make):
+    make(workspace)
+    refused(cli("check", "cfg.yaml", "--steps", "1", "--microbatches", "1",
+                "--write-baseline", "out"))
+    outside_untouched(workspace)
+
+
+@pytest.mark.parametrize("target", ["linked/out.json", "linked/./out.json", "a/linked/out.json",
+                                    "linked/../cfg-copy.json"])
+def test_an_output_in_a_symlinked_directory_is_refused(workspace, target):
+    os.symlink(workspace.parent / "outside", "linked")
+    (workspace / "a").mkdir()
+    os.symlink(workspace.parent / "outside", "a/linked")
+    refused(cli("check", "cfg.yaml", "--steps", "1", "--microbatches", "1", "-o",
+                f"json={target}"), "directory 'linked'")
+    outside_untouched(workspace)
+
+
+def test_diff_outputs_refuse_symlinks_too(workspace):
+    os.symlink(workspace.parent / "outside" / "precious", "out.md")
+    refused(cli("diff", "cfg.yaml", "cfg.yaml", "--steps", "1", "--microbatches", "1",
+                "-o", "markdown=out.md"))
+    outside_untouched(workspace)
+
+
+def test_a_link_swapped_in_after_the_check_is_replaced_not_followed(workspace, monkeypatch):
+    """The race: the path is a plain name when checked and a symlink when written."""
+    from qaudit.files import outputs
+
+    original = outputs._replace
+
+    def swap_then_replace(directory, name, data, info):
+        os.symlink(workspace.parent / "outside" / "precious", "report.json")
+        return original(directory, name, data, info)
+
+    monkeypatch.setattr(outputs, "_replace", swap_then_replace)
+    code, _, err = cli("check", "cfg.yaml", "--steps", "1", "--microbatches", "1",
+                       "-o", "json=report.json")
+    assert code == 0, err
+    assert not os.path.islink("report.json")
+    assert '"schema": "qaudit/1"' in Path("report.json").read_text()
+    outside_untouched(workspace)
+
+
+def test_a_directory_swapped_for_a_link_mid_write_is_not_followed(workspace):
+    """The directory is held open: renaming it and planting a link does not redirect."""
+    from qaudit.files import outputs
+
+    (workspace / "out").mkdir()
+    directory, name = outputs._open_parent("out/report.json")
+    try:
+        os.rename("out", "moved")
+        os.symlink(workspace.parent / "outside", "out")
+        outputs._replace(directory, name, b"{}", None)
+    finally:
+        os.close(directory)
+    assert (workspace / "moved" / "report.json").read_bytes() == b"{}"
+    outside_untouched(workspace)
+
+
+def test_plain_outputs_and_own_descriptors_still_work(workspace, capfd):
+    (workspace / "sub").mkdir()
+    code, _, err = cli("check", "cfg.yaml", "--steps", "1", "--microbatches", "1",
+                       "-o", "json=sub/r.json", "-o", "md=/dev/stderr", "-o", "sarif=/dev/null",
+                       "--write-baseline", "./b.json")
+    assert code == 0, err
+    assert Path("sub/r.json").is_file() and Path("b.json").is_file()
+    assert not [p for p in workspace.rglob(".*") if p.is_file()]  # no temporary file left
+
+
+def test_allow_symlinked_output_writes_the_linked_file(workspace):
+    os.symlink(workspace.parent / "outside" / "precious", "out")
+    code, _, err = cli("check", "cfg.yaml", "--steps", "1", "--microbatches", "1",
+                       "-o", "json=out", "--allow-symlinked-output")
+    assert code == 0, err
+    assert os.path.islink("out")
+    assert '"schema"' in (workspace.parent / "outside" / "precious").read_text()
+
+
+def test_with_links_allowed_an_output_linked_to_an_input_is_still_refused(workspace):
+    os.symlink("cfg.yaml", "link.yaml")
+    code, out, err = cli("check", "cfg.yaml", "-o", "json=link.yaml", "--allow-symlinked-output")
+    assert (code, out) == (2, "") and "would overwrite the config" in err
+    assert Path("cfg.yaml").read_text() == BASE
