@@ -337,3 +337,76 @@ def test_with_links_allowed_an_output_linked_to_an_input_is_still_refused(worksp
     code, out, err = cli("check", "cfg.yaml", "-o", "json=link.yaml", "--allow-symlinked-output")
     assert (code, out) == (2, "") and "would overwrite the config" in err
     assert Path("cfg.yaml").read_text() == BASE
+
+
+# --- 3. launch-script shapes outside the budget -------------------------------------------
+
+SHELL_SHAPES = {  # each under 1 MiB
+    "120,000-term && list": " && ".join(["true"] * 120_000),
+    "cat <( nested 50,000 deep": "cat <(" * 50_000 + "true" + ")" * 50_000,
+    "[[ ( nested 50,000 deep": "[[ " + "( " * 50_000 + "a" + " )" * 50_000 + " ]]",
+    "heredoc of 200,000 $A": "A=x\ncat <<EOF\n" + "$A" * 200_000 + "\nEOF",
+    "heredoc of 200,000 $A and blanks": "A=x\ncat <<EOF\n" + "$A " * 200_000 + "\nEOF",
+    "8,000 heredocs on one line": "cat " + " ".join(f"<<E{i}" for i in range(8000)) + "\n"
+                                  + "".join(f"x\nE{i}\n" for i in range(8000)),
+}
+
+
+class CountingParser:
+    """shell_tree's parser, counting the bytes it is handed and the queries run after it."""
+
+    def __init__(self, parser):
+        self.parser, self.parsed_bytes = parser, 0
+
+    def parse(self, source):
+        self.parsed_bytes += len(source)
+        return self.parser.parse(source)
+
+
+@pytest.mark.parametrize("body", SHELL_SHAPES.values(), ids=SHELL_SHAPES.keys())
+def test_script_shapes_are_refused_by_counted_work(body, monkeypatch):
+    """Refused by the node count or the per-line parsing work before anything quadratic: no
+    query runs over an oversized tree, and a script whose lines cost too much to parse is
+    never handed to tree-sitter."""
+    import tree_sitter
+
+    from qaudit.errors import InputError
+    from qaudit.load.sources import shell_tree
+    from qaudit.load.sources.launch_script import launch_script_words
+
+    text = "#!/bin/bash\n" + body + "\n"
+    assert len(text.encode()) < 1 << 20
+    parser = CountingParser(shell_tree._PARSER)
+    queries = []
+    monkeypatch.setattr(shell_tree, "_PARSER", parser)
+    monkeypatch.setattr(shell_tree.tree_sitter, "QueryCursor",
+                        lambda query: queries.append(query) or tree_sitter.QueryCursor(query))
+    with pytest.raises(InputError, match="cannot read the script") as refused:
+        launch_script_words(text, "train.sh", {})
+    assert queries == []
+    work = sum((line.count("$") + line.count("<<")) ** 2 for line in text.split("\n"))
+    if work > shell_tree.MAX_LINE_WORK:
+        assert parser.parsed_bytes == 0 and "units of parsing work" in str(refused.value)
+    else:
+        assert parser.parsed_bytes == len(text.encode())
+        assert "100,000 words" in str(refused.value)
+        assert shell_tree._PARSER.parser.parse(text.encode()).root_node.descendant_count \
+            > shell_tree.MAX_NODES
+
+
+def test_the_parsing_work_bound_leaves_real_scripts_alone(tmp_path):
+    from qaudit.load.sources import shell_tree
+
+    corpus = REPO.parent / "shared" / "corpus"
+    scripts = sorted(corpus.rglob("*.sh"))
+    if not scripts:
+        pytest.skip("../shared/corpus not present")
+    worst = max(shell_tree.Script(p.read_text(), str(p)).prescan_work for p in scripts)
+    assert 0 < worst <= shell_tree.MAX_LINE_WORK // 1000
+
+
+def test_a_line_of_1000_expansions_is_still_read():
+    from qaudit.load.sources import shell_tree
+
+    script = shell_tree.Script("#!/bin/bash\necho " + "$A " * 1000 + "\n", "t.sh")
+    assert script.prescan_work == 1_000_000 == shell_tree.MAX_LINE_WORK
