@@ -410,3 +410,49 @@ def test_a_line_of_1000_expansions_is_still_read():
 
     script = shell_tree.Script("#!/bin/bash\necho " + "$A " * 1000 + "\n", "t.sh")
     assert script.prescan_work == 1_000_000 == shell_tree.MAX_LINE_WORK
+
+
+# --- 4. recipe glob patterns ----------------------------------------------------------------
+
+RECIPE = """\
+configs:
+  bf16:
+    transformer_engine_config_type: TEQuantizationParams
+    training_recipe: {{}}
+matchers:
+  attention:
+    type: glob
+    pattern: "{pattern}"
+    config: bf16
+    enabled: true
+"""
+
+
+@pytest.mark.parametrize("pattern, words", [
+    ("*[" * 70_000, "140,000 characters long"),  # minutes in fnmatch's translation before
+    ("a" * 1001, "1,001 characters long"),
+    ("*" * 65, "65 wildcards"),
+    ("*[a]?" * 22, "66 wildcards"),
+])
+def test_a_huge_or_complex_glob_is_refused_naming_the_matcher(tmp_path, monkeypatch, pattern,
+                                                              words):
+    import fnmatch
+
+    (tmp_path / "r.yaml").write_text(RECIPE.format(pattern=pattern))
+    (tmp_path / "cfg.yaml").write_text(BASE)
+    translated = []
+    monkeypatch.setattr(fnmatch, "translate", lambda p: translated.append(p))
+    code, out, err = cli("check", str(tmp_path / "cfg.yaml"), "--recipe", str(tmp_path / "r.yaml"))
+    assert (code, out) == (2, ""), err
+    assert err.count("\n") == 1
+    assert f"r.yaml:8: key 'pattern': matcher 'attention': the glob pattern" in err and words in err
+    assert translated == []
+
+
+def test_a_glob_at_the_bounds_still_matches(tmp_path):
+    from qaudit.load.recipe import MAX_PATTERN_LENGTH, MAX_PATTERN_WILDCARDS, load_recipe
+
+    pattern = "*" * MAX_PATTERN_WILDCARDS + "x" * (MAX_PATTERN_LENGTH - MAX_PATTERN_WILDCARDS)
+    (tmp_path / "r.yaml").write_text(RECIPE.format(pattern=pattern))
+    (matcher,) = load_recipe(tmp_path / "r.yaml").matchers
+    assert matcher.matches("decoder." + "x" * 936) and not matcher.matches("decoder.y")
