@@ -387,8 +387,10 @@ def env(output_format: EnvFormat = typer.Option(EnvFormat.table, "--format", "-f
     from qaudit.commands.env import collect, render_env_json, render_env_text
 
     report = collect()
+    from qaudit.render.defuse import defuse
+
     render = render_env_json if output_format is EnvFormat.json else render_env_text
-    sys.stdout.write(render(report))
+    sys.stdout.write(defuse(render(report)))  # installed metadata is input text too
 
 
 @app.command()

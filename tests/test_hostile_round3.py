@@ -456,3 +456,108 @@ def test_a_glob_at_the_bounds_still_matches(tmp_path):
     (tmp_path / "r.yaml").write_text(RECIPE.format(pattern=pattern))
     (matcher,) = load_recipe(tmp_path / "r.yaml").matchers
     assert matcher.matches("decoder." + "x" * 936) and not matcher.matches("decoder.y")
+
+
+# --- 5. one escaping for every printed string ----------------------------------------------
+
+EVIL = "evil\u202e\x1b[31mred\x1b]0;title\x07\r\x9b\ud800"
+
+
+def evil_report(tmp_path: Path) -> tuple[Path, Path]:
+    """A clean report and one whose every string field an attacker could write is hostile."""
+    import json
+
+    code, out, err = cli("check", CONFIG, "--steps", "1", "--microbatches", "1", "-f", "json")
+    assert code == 0, err
+    clean = json.loads(out)
+    evil = json.loads(out)
+    for row in evil["modules"][:3]:
+        for key in ("name", "precision", "recipe", "accumulation", "type"):
+            if isinstance(row.get(key), str):
+                row[key] = EVIL + row[key]
+    evil.update(config=EVIL + ".yaml", recipe=EVIL, runtime=EVIL, policy=evil["policy"])
+    evil["findings"] = [{"rule": "QA001", "severity": "error", "module": EVIL,
+                         "message": EVIL, "file": EVIL, "line": 3, "fix": EVIL}]
+    (tmp_path / "base.json").write_text(json.dumps(clean))
+    (tmp_path / "head.json").write_text(json.dumps(evil))
+    return tmp_path / "base.json", tmp_path / "head.json"
+
+
+def shown_safely(text: str) -> None:
+    assert all(c.isprintable() or c == "\n" for c in text), \
+        sorted({c for c in text if not (c.isprintable() or c == "\n")})
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "json"])
+def test_diff_escapes_every_string_of_a_report(tmp_path, fmt, monkeypatch):
+    base, head = evil_report(tmp_path)
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")  # the annotations on stderr too
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "summary.md"))
+    code, out, err = cli("diff", str(base), str(head), "-f", fmt,
+                         "-o", f"markdown={tmp_path / 'd.md'}")
+    assert code in (0, 1), err
+    for text in (out, err, (tmp_path / "d.md").read_text(), (tmp_path / "summary.md").read_text()):
+        shown_safely(text)
+    assert "\\u202e" in out and ("\\x1b" in out or "\\u001b" in out)
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "json", "sarif", "github", "svg"])
+def test_every_check_format_escapes_the_same_way(tmp_path, fmt):
+    from qaudit.render import render
+    from qaudit.render.load import load_report
+
+    _, head = evil_report(tmp_path)
+    report = load_report(str(head))
+    shown_safely(render(report, 1, fmt))
+    if fmt == "table":  # with colour: only qaudit's own sequences
+        from qaudit.render.table import COLOR_SEQUENCES
+
+        text = render(report, 1, fmt, color=True)
+        for sequence in COLOR_SEQUENCES:
+            text = text.replace(sequence, "")
+        shown_safely(text)
+
+
+def test_a_lone_surrogate_in_a_report_never_exits_3(tmp_path):
+    base, head = evil_report(tmp_path)
+    for fmt in ("table", "markdown", "json"):
+        code, out, err = cli("diff", str(base), str(head), "-f", fmt)
+        assert code in (0, 1) and "internal error" not in err
+        assert "\\ud800" in out
+
+
+def test_diff_of_a_hostile_baseline_and_report_as_check_inputs(tmp_path):
+    """check --baseline with hostile fingerprints: still one escaped line or a report."""
+    import json
+
+    (tmp_path / "b.json").write_text(json.dumps({"schema": "qaudit-baseline/1", "findings": [
+        {"fingerprint": EVIL, "rule": EVIL, "module": EVIL}]}))
+    code, out, err = cli("check", CONFIG, "--steps", "1", "--microbatches", "1",
+                         "--baseline", str(tmp_path / "b.json"))
+    shown_safely(out)
+    shown_safely(err)
+    assert "internal error" not in err
+
+
+def test_env_output_escapes_installed_metadata(monkeypatch):
+    from qaudit.commands import env
+
+    original = env.collect
+
+    def hostile():
+        report = original()
+        report.torch = EVIL
+        return report
+
+    monkeypatch.setattr(env, "collect", hostile)
+    for fmt in ("table", "json"):
+        code, out, err = cli("env", "-f", fmt)
+        assert code == 0, err
+        shown_safely(out)
+
+
+def test_error_lines_escape_too(tmp_path):
+    (tmp_path / "cfg.yaml").write_text(BASE + f"{EVIL}: 1\n".replace("\ud800", ""))
+    code, out, err = cli("check", str(tmp_path / "cfg.yaml"))
+    assert code == 2 and err.count("\n") == 1
+    shown_safely(err)

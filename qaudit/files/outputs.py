@@ -152,6 +152,10 @@ def _identity(path: str) -> tuple | None:
     if "\x00" in path:
         return None  # names no file; reading or writing it says so
     try:
+        os.fsencode(path)
+    except UnicodeError:
+        return None  # a lone surrogate (from a report read back): names no file either
+    try:
         info = os.stat(path)
     except OSError:
         return ("path", os.path.realpath(path))
