@@ -399,8 +399,23 @@ def version() -> None:
     typer.echo(__version__)
 
 
+def _tolerant_streams() -> None:
+    """A character the terminal's encoding lacks (qaudit's own \u2705 under LC_ALL=POSIX or
+    PYTHONIOENCODING=ascii, a name from the input) is printed as its escape, never a crash."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        # strict, or surrogateescape (a C locale's), fail on qaudit's own characters.
+        if reconfigure is not None and getattr(stream, "errors", None) in ("strict",
+                                                                             "surrogateescape"):
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+
+
 def main() -> None:
     """Console entry point: internal errors exit 3 with a short message, never a traceback."""
+    _tolerant_streams()
     try:
         app()
     except SystemExit:

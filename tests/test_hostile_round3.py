@@ -561,3 +561,38 @@ def test_error_lines_escape_too(tmp_path):
     code, out, err = cli("check", str(tmp_path / "cfg.yaml"))
     assert code == 2 and err.count("\n") == 1
     shown_safely(err)
+
+
+# --- 6. unencodable characters never crash an output ---------------------------------------
+
+def _without_utf8(kind: str) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("PYTHONIOENCODING", "PYTHONUTF8", "LANG", "LC_CTYPE", "LC_ALL")}
+    if kind == "posix":
+        environ.update(LC_ALL="POSIX", PYTHONUTF8="0")
+    else:
+        environ.update(PYTHONIOENCODING="ascii")
+    return environ
+
+
+@pytest.mark.parametrize("kind", ["posix", "ascii"])
+def test_a_non_utf8_stdout_gets_escapes_not_a_crash(tmp_path, kind):
+    base, head = evil_report(tmp_path)
+    (tmp_path / "cfg.yaml").write_text(BASE)
+    qaudit = [sys.executable, "-m", "qaudit"]
+    commands = [
+        ["check", str(tmp_path / "cfg.yaml"), "--steps", "1", "--microbatches", "1",
+         "-f", "markdown", "-o", f"markdown={tmp_path / 'r.md'}"],
+        ["diff", str(base), str(head), "-f", "markdown"],
+        ["diff", str(base), str(head), "-f", "table"],
+        ["env"],
+        ["rules", "-f", "markdown"],
+        ["explain", "QA001"],
+    ]
+    for command in commands:
+        result = subprocess.run(qaudit + command, capture_output=True, env=_without_utf8(kind),
+                                cwd=tmp_path, timeout=600)
+        assert result.returncode in (0, 1), (command, result.stderr[-500:])
+        assert b"internal error" not in result.stderr and result.stdout
+        result.stdout.decode("ascii")  # every character escaped, none lost
+    assert (tmp_path / "r.md").read_text(encoding="utf-8").startswith("\u2705")  # files: UTF-8
