@@ -164,7 +164,7 @@ def gen_shell3(r: random.Random, folder: Path) -> Case:
     text = ("#!/bin/bash\n" + body + "\n" + LAUNCH)[: (1 << 20) - 1]
     (folder / "train.sh").write_text(text)
     return Case("shell3", ["check", "train.sh", *SMALL_RUN], unchanged=["train.sh"],
-                seconds=30, note=f"{shape} ({len(text):,} bytes)")
+                seconds=60, note=f"{shape} ({len(text):,} bytes)")
 
 
 # --- globs: recipe patterns around the bounds ----------------------------------------------
@@ -198,7 +198,7 @@ def gen_globs(r: random.Random, folder: Path) -> Case:
     (folder / "cfg.yaml").write_text(BASE + "fp8: e4m3\nfp8_recipe: tensorwise\n")
     (folder / "r.yaml").write_text(RECIPE.replace('"*linear_proj"', json.dumps(pattern)))
     return Case("globs", ["check", "cfg.yaml", "--recipe", "r.yaml", *SMALL_RUN],
-                unchanged=["cfg.yaml", "r.yaml"], seconds=30,
+                unchanged=["cfg.yaml", "r.yaml"], seconds=60,
                 note=f"pattern {pattern[:30]!r}... ({len(pattern):,} chars)")
 
 

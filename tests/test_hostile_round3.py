@@ -93,6 +93,19 @@ def test_what_upstream_printed_last_is_quoted_escaped(tmp_path, monkeypatch, cap
     assert "its code called exit(1)" in err and "why: \\x1b[2J bad" in err
 
 
+@pytest.mark.parametrize("flag", ["--checkpoint-activations", "--help"])
+def test_real_megatron_exiting_on_a_launch_scripts_flag_is_exit_3(megatron, tmp_path, flag,
+                                                                   capfd):
+    """megatron-core 0.19.2's validate_args calls exit() on --checkpoint-activations; its
+    parser prints help (and fails formatting it) on --help. Neither decides the exit code."""
+    from test_crosscheck import write_script
+
+    script = write_script(tmp_path, flag)
+    code, out, err = cli("check", script, "--cross-check", "--policy", "legacy", "-f", "json")
+    one_line_exit_3(code, out, err)
+    assert "usage:" not in "".join(capfd.readouterr())
+
+
 def test_the_deadline_kills_a_hanging_build(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(fake_megatron(tmp_path, "import time; time.sleep(600)")))
     code, out, err = cli("check", CONFIG, "--cross-check", "--cross-check-timeout", "1")
