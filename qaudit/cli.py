@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from qaudit import __version__
-from qaudit.errors import EnvironmentProblem, InputError
+from qaudit.errors import EnvironmentProblem, InputError, printable
 
 if TYPE_CHECKING:
     from qaudit.run.options import AuditOptions
@@ -75,7 +75,7 @@ POLICY_HELP = ("Override the tracking behaviour of --megatron: legacy (megatron-
 
 
 def _fail(message: str, code: int) -> None:
-    typer.echo(message, err=True)
+    typer.echo(printable(message), err=True)
     raise typer.Exit(code)
 
 
@@ -139,6 +139,18 @@ def check(
                                      "config with the installed Megatron (megatron-core or a "
                                      "checkout on PYTHONPATH) and report every module where "
                                      "it differs from qaudit's model (rule QA030)."),
+    allow_symlinked_output: bool = typer.Option(
+        False, "--allow-symlinked-output", help="Write outputs through symbolic links (the "
+        "file a link names). Off by default: an output path that is, or goes through, a "
+        "symlink is refused (exit 2)."),
+    cross_check_timeout: float = typer.Option(
+        900.0, "--cross-check-timeout", min=0.1, max=86400.0, metavar="SECONDS",
+        help="--cross-check: wall-clock deadline of the worker that runs the installed "
+             "Megatron; past it the worker is killed and qaudit exits 3."),
+    cross_check_memory: int = typer.Option(
+        16384, "--cross-check-memory", min=0, metavar="MIB",
+        help="--cross-check: how far the worker's address space may grow beyond what it "
+             "starts with (RLIMIT_AS, forked worker only); 0: no limit."),
     allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run even when "
                                           "the estimated audit time (modules x steps x "
                                           "microbatches) is over 10 minutes; refused (exit "
@@ -148,8 +160,11 @@ def check(
 
     Under `torchrun --nproc-per-node P --no-python qaudit check ...` each process runs one
     pipeline stage; rank 0 prints the merged report and every rank exits with the same code."""
+    from qaudit.files.outputs import allow_symlinked_output as follow_output_links
     from qaudit.run import distributed
     from qaudit.run.options import AuditOptions
+
+    follow_output_links(allow_symlinked_output)
 
     try:
         world = distributed.world_from_environment()
@@ -163,6 +178,8 @@ def check(
                            seed=seed, evaluation=evaluation, verify=verify,
                            compare_policies=compare_policies, allow_import=allow_import,
                            full_size=full_size, rank=rank, world=world, cross_check=cross_check,
+                           cross_check_timeout=cross_check_timeout,
+                           cross_check_memory=cross_check_memory or None,
                            allow_long_audit=allow_long_audit)
     # Under torchrun every rank reaches the same outcome and only rank 0 speaks.
     speaks = world is None or world.is_leader
@@ -188,7 +205,7 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
 
     def failed(message: str, code: int) -> int:
         if speaks:
-            typer.echo(message, err=True)
+            typer.echo(printable(message), err=True)
         return code
 
     inputs = [("config", config)] + ([("recipe", recipe)] if recipe else []) \
@@ -319,15 +336,21 @@ def diff(
                                    "makes the exit code 1."),
     allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run even when an "
                                           "audit's estimated time is over 10 minutes."),
+    allow_symlinked_output: bool = typer.Option(
+        False, "--allow-symlinked-output", help="Write outputs through symbolic links (the "
+        "file a link names). Off by default: an output path that is, or goes through, a "
+        "symlink is refused (exit 2)."),
 ) -> None:
     """Audit BASE and HEAD; show only what changes. Exit 1 when HEAD introduces an error."""
     from qaudit.run.options import AuditOptions
     from qaudit.commands.diff import emit_diff, load_side
     from qaudit.judge.diff import diff_reports
-    from qaudit.files.outputs import check_clashes
+    from qaudit.files.outputs import allow_symlinked_output as follow_output_links, check_clashes
     from qaudit.render import parse_outputs
 
     from qaudit.plan.upstream.target import resolve_megatron
+
+    follow_output_links(allow_symlinked_output)
     from qaudit.plan.upstream.te import resolve_te
 
     inputs = [("base", base), ("head", head)] + [
@@ -372,8 +395,10 @@ def env(output_format: EnvFormat = typer.Option(EnvFormat.table, "--format", "-f
     from qaudit.commands.env import collect, render_env_json, render_env_text
 
     report = collect()
+    from qaudit.render.defuse import defuse
+
     render = render_env_json if output_format is EnvFormat.json else render_env_text
-    sys.stdout.write(render(report))
+    sys.stdout.write(defuse(render(report)))  # installed metadata is input text too
 
 
 @app.command()
@@ -382,8 +407,23 @@ def version() -> None:
     typer.echo(__version__)
 
 
+def _tolerant_streams() -> None:
+    """A character the terminal's encoding lacks (qaudit's own \u2705 under LC_ALL=POSIX or
+    PYTHONIOENCODING=ascii, a name from the input) is printed as its escape, never a crash."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        # strict, or surrogateescape (a C locale's), fail on qaudit's own characters.
+        if reconfigure is not None and getattr(stream, "errors", None) in ("strict",
+                                                                             "surrogateescape"):
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+
+
 def main() -> None:
     """Console entry point: internal errors exit 3 with a short message, never a traceback."""
+    _tolerant_streams()
     try:
         app()
     except SystemExit:
@@ -392,6 +432,9 @@ def main() -> None:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - last line of defence for exit code 3
-        sys.stderr.write(f"internal error: {type(exc).__name__}: {exc}\n"
+        sys.stderr.write(printable(f"internal error: {type(exc).__name__}: {exc}")[:2000] + "\n"
                          "This is a bug in qaudit; please report it with the input files.\n")
+        sys.exit(EXIT_INTERNAL)
+    except BaseException as exc:  # noqa: BLE001 - GeneratorExit and the like: still exit 3
+        sys.stderr.write(printable(f"internal error: {type(exc).__name__}: {exc}")[:2000] + "\n")
         sys.exit(EXIT_INTERNAL)
