@@ -137,7 +137,7 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
         config=config, recipe=recipe, policy=policy, rows=rows_in_order, records=records,
         overwrite_main_grad=overwrite, te_modules=te_modules, match_names=match_names,
         bindings=bindings, evaluation=options.evaluation, allow_import=options.allow_import,
-        custom_factories=factories)
+        custom_factories=factories, te_version=te.rule_version)
     return AuditRun(model=model, session=session, records=records, rows=rows_in_order, facts=facts,
                     snapshot=snapshot or None)
 
