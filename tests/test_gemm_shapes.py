@@ -280,7 +280,7 @@ def test_qa040_counted_work_is_one_shape_per_quantized_module(write_yaml, monkey
     assert calls["shape"] == len(quantized) == 8 and calls["check"] == 8
 
 
-CORPUS = REPO.parent.parent / "shared" / "corpus" / "megatron"
+CORPUS = REPO.parent / "shared" / "corpus" / "megatron"
 CORPUS_FILES = sorted(p for folder in ("functional_tests", "launch_scripts")
                       for p in (CORPUS / folder).glob("*") if p.is_file()) \
     if CORPUS.is_dir() else []

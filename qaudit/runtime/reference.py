@@ -75,7 +75,15 @@ _BATCHED_GROUPED_LIMIT = 1 << 24
 
 def _row_experts(m_splits: Sequence[int], device: torch.device) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(m_splits), device=device),
-                                   torch.tensor(m_splits, device=device))
+                                   torch.tensor(m_splits, device=device),
+                                   output_size=sum(m_splits))  # a meta tensor cannot count
+
+
+def _batched(x: torch.Tensor, weights: torch.Tensor) -> bool:
+    """One batched product for a grouped GEMM: small ones, and any on the meta device
+    (--full-size: no storage, so gathering a weight per row costs nothing, while a loop over
+    256 experts costs a meta kernel call per GEMM)."""
+    return x.is_meta or x.shape[0] * weights[0].numel() <= _BATCHED_GROUPED_LIMIT
 
 
 class GemmsFunction(torch.autograd.Function):
@@ -92,7 +100,7 @@ class GemmsFunction(torch.autograd.Function):
         if compute.dim() == 2:
             return xq @ compute.t()
         m_splits = meta["m_splits"]
-        if xq.shape[0] * compute[0].numel() <= _BATCHED_GROUPED_LIMIT:
+        if _batched(xq, compute):
             rows = compute[_row_experts(m_splits, x.device)]
             return torch.bmm(rows, xq.unsqueeze(-1)).squeeze(-1)
         chunks = torch.split(xq, m_splits)
@@ -125,7 +133,7 @@ class GemmsFunction(torch.autograd.Function):
 def _grouped_grads(g: torch.Tensor, xq: torch.Tensor, compute: torch.Tensor,
                    m_splits: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """dgrad and the stacked wgrad of a grouped GEMM; experts without tokens get zeros."""
-    if xq.shape[0] * compute[0].numel() <= _BATCHED_GROUPED_LIMIT:
+    if _batched(xq, compute):
         experts = _row_experts(m_splits, g.device)
         dx = torch.bmm(g.unsqueeze(1), compute[experts]).squeeze(1)
         dw = torch.zeros_like(compute).index_add_(0, experts, g.unsqueeze(2) * xq.unsqueeze(1))
