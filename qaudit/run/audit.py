@@ -196,8 +196,13 @@ def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget,
         raise InputError(f"--runtime te does not model {what} yet (the reference runtime does: "
                          "docs/te-settings.md); use --runtime reference",
                          file=config.file, line=config.line_of(key), key=key)
-    return select_runtime(name, options.device,
-                          reads_overwrite_main_grad=te.behaviour.reads_overwrite_main_grad)
+    runtime = select_runtime(name, options.device,
+                             reads_overwrite_main_grad=te.behaviour.reads_overwrite_main_grad)
+    if isinstance(runtime, ReferenceRuntime):
+        # Values matter only where they are compared (--verify); fake quantization is most
+        # of the reference runtime's own work, and no row or verdict depends on it.
+        runtime.numerics = options.verify
+    return runtime
 
 
 def check_config_runs_on_te(config: ModelConfig, te: TETarget) -> None:
@@ -274,7 +279,7 @@ def _full_size_runtime(options: AuditOptions, te: TETarget):
         raise InputError("--verify compares gradient values, and --full-size runs on the meta "
                          "device, which has none: use one or the other")
     _skip_failing_numpy_import()
-    return ReferenceRuntime("meta", te.behaviour.reads_overwrite_main_grad)
+    return ReferenceRuntime("meta", te.behaviour.reads_overwrite_main_grad, numerics=False)
 
 
 def _skip_failing_numpy_import() -> None:

@@ -92,7 +92,7 @@ class GemmsFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, meta: dict, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        quant: Quant | None = meta["quant"]
+        quant: Quant | None = meta["quant"] if meta.get("numerics", True) else None
         xq = fake_quantize(x, quant, "input") if quant else x
         compute = meta["compute_weight"]
         ctx.meta, ctx.weight = meta, weight
@@ -109,7 +109,7 @@ class GemmsFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         meta = ctx.meta
-        quant: Quant | None = meta["quant"]
+        quant: Quant | None = meta["quant"] if meta.get("numerics", True) else None
         g = fake_quantize(grad_out, quant, "grad") if quant else grad_out
         xq, compute = ctx.saved_tensors
         if compute.dim() == 2:
@@ -205,6 +205,10 @@ class _ReferenceModule(torch.nn.Module):
         # Set by whoever observes this module; receives each backward's wgrad decision.
         self.wgrad_listener: WgradListener | None = None
         self.workspace_events: list[str] = []
+        # Fake quantization on (values as TE would compute them) or off (the same calls,
+        # flags, workspace events and wgrad decisions, high-precision values): an audit
+        # needs values only for --verify.
+        self.numerics = True
 
     # --- delayed weight gradients (TE module/base.py) ------------------------------------
     def enable_delay_wgrad_compute(self) -> None:
@@ -248,17 +252,18 @@ class _ReferenceModule(torch.nn.Module):
             return weight.detach()
         skip = _graph_skip_stack[-1]
         use = weight_cache_use(is_first_microbatch, self.primary_quantized_weight, skip)
+        quantize = fake_quantize if self.numerics else (lambda w, q, role: w)
         if use in ("primary", "fresh"):
             if use == "primary":
                 self.workspace_events.append("primary")
-            return fake_quantize(weight.detach(), quant, "weight")
+            return quantize(weight.detach(), quant, "weight")
         cached = self._fp8_workspaces.get("weight")
         fits = cached is not None and cached[0] == quant and cached[1].shape == weight.shape
         if fits and use == "reuse":
             self.workspace_events.append("reuse")
             return cached[1]
         self.workspace_events.append("refresh" if fits else "rebuild" if cached else "create")
-        tensor = fake_quantize(weight.detach(), quant, "weight")
+        tensor = quantize(weight.detach(), quant, "weight")
         self._fp8_workspaces["weight"] = (quant, tensor)
         return tensor
 
@@ -280,6 +285,7 @@ class _ReferenceModule(torch.nn.Module):
             # Saved at forward, as TE's weight_requires_grad.
             "weight_requires_grad": weight.requires_grad,
             "wgrad_store": self.wgrad_store,
+            "numerics": self.numerics,
         }
         return gemm(x, weight, meta)
 
@@ -358,9 +364,11 @@ class ReferenceRuntime:
 
     name = "reference"
 
-    def __init__(self, device: str = "cpu", reads_overwrite_main_grad: bool = True) -> None:
+    def __init__(self, device: str = "cpu", reads_overwrite_main_grad: bool = True,
+                 numerics: bool = True) -> None:
         self.device = device
         self.reads_overwrite_main_grad = reads_overwrite_main_grad
+        self.numerics = numerics  # fake quantization (values); off, only the semantics
 
     @property
     def description(self) -> str:
@@ -368,6 +376,7 @@ class ReferenceRuntime:
 
     def _configured(self, module: _ReferenceModule) -> _ReferenceModule:
         module.reads_overwrite_main_grad = self.reads_overwrite_main_grad
+        module.numerics = self.numerics
         return module
 
     def linear(self, in_features: int, out_features: int, *, fuse: bool) -> torch.nn.Module:
