@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -74,6 +75,13 @@ _BATCHED_GROUPED_LIMIT = 1 << 24
 
 
 def _row_experts(m_splits: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Each row's expert. One split serves fc1 and fc2, forward and backward: cached (the
+    tensor is only read, as an index)."""
+    return _row_experts_cached(tuple(m_splits), str(device))
+
+
+@functools.lru_cache(maxsize=16)
+def _row_experts_cached(m_splits: tuple[int, ...], device: str) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(m_splits), device=device),
                                    torch.tensor(m_splits, device=device),
                                    output_size=sum(m_splits))  # a meta tensor cannot count
