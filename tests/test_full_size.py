@@ -133,3 +133,28 @@ def test_plan_widths_match_the_real_size_meta_build(repo_configs, name):
         assert (shape.k, shape.n) == (in_features, out_features), module.fqn
         checked += 1
     assert checked > 10
+
+
+def test_memory_line_in_text_and_markdown(write_yaml):
+    from qaudit.render.markdown import render_markdown
+    from qaudit.render.table import render_table
+
+    report = audit_files(write_yaml("moe.yaml", MOE_MLA), options=AuditOptions(full_size=True))
+    for text in (render_table(report, report.exit_code()),
+                 render_markdown(report, report.exit_code())):
+        assert "memory per rank at full size (TP 2, EP 4; stage 0)" in " ".join(text.split())
+
+
+def test_full_size_json_validates_against_the_schema(write_yaml):
+    jsonschema = pytest.importorskip("jsonschema")
+    from importlib import resources
+    import json
+
+    schema = json.loads(resources.files("qaudit").joinpath("schemas/report-v1.schema.json")
+                        .read_text())
+    report = audit_files(write_yaml("moe.yaml", MOE_MLA), options=AuditOptions(full_size=True))
+    data = dict(report.to_dict(), exit_code=report.exit_code())
+    jsonschema.validate(data, schema, cls=jsonschema.Draft202012Validator)
+    broken = dict(data, memory={"split": "TP 1"})
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, schema, cls=jsonschema.Draft202012Validator)
