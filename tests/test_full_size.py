@@ -154,7 +154,21 @@ def test_full_size_json_validates_against_the_schema(write_yaml):
                         .read_text())
     report = audit_files(write_yaml("moe.yaml", MOE_MLA), options=AuditOptions(full_size=True))
     data = dict(report.to_dict(), exit_code=report.exit_code())
+    assert data["gemm_shapes"] and data["memory"]
     jsonschema.validate(data, schema, cls=jsonschema.Draft202012Validator)
     broken = dict(data, memory={"split": "TP 1"})
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(broken, schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_full_size_reports_every_quantized_gemm_shape_from_the_build(write_yaml):
+    report = audit_files(write_yaml("moe.yaml", MOE_MLA + "seq_length: 4096\n"
+                                    "sequence_parallel: true\n"),
+                         options=AuditOptions(full_size=True))
+    shapes = {(s["modules"], s["precision"]): s for s in report.gemm_shapes}
+    kv_down = shapes[("decoder.layers.*.self_attention.linear_kv_down_proj", "fp8/blockwise")]
+    assert (kv_down["m"], kv_down["k"], kv_down["n"], kv_down["count"]) == (2048, 1024, 160, 3)
+    fc1 = shapes[("decoder.layers.*.mlp.experts.linear_fc1", "fp8/blockwise")]
+    assert (fc1["per_expert"], fc1["k"], fc1["n"]) == (True, 1024, 256)  # 512 / ETP 2
+    assert all(s["split"] == "TP 2, EP 4, sequence parallel" for s in report.gemm_shapes)
+    assert audit_files(write_yaml("moe.yaml", MOE_MLA), options=AuditOptions()).gemm_shapes is None

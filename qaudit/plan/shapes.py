@@ -148,8 +148,11 @@ def _widths(leaf: str, path: str, config: ModelConfig, d: Dims, p: Parallel) \
 
 
 def gemm_shape(config: ModelConfig, module: str, upstream_class: str, p: Parallel,
-               dims: Dims | None = None) -> GemmShape | None:
-    """The GEMM shape of `module` (a row name) on one rank; None for a module it cannot size."""
+               dims: Dims | None = None, built: tuple[int, int] | None = None
+               ) -> GemmShape | None:
+    """The GEMM shape of `module` (a row name) on one rank; None for a module it cannot size.
+    `built`: (in_features, out_features) of the real-width build (--full-size), which then
+    stand for this table's widths before the split."""
     d = dims or model_dims(config, full_size=True)
     path = _INDEX.sub("", module)
     leaf = path.rsplit(".", 1)[-1]
@@ -157,6 +160,8 @@ def gemm_shape(config: ModelConfig, module: str, upstream_class: str, p: Paralle
     if widths is None or widths[0] <= 0 or widths[1] <= 0:
         return None
     k, n, mode = widths
+    if built is not None:
+        k, n = built
     mode = _MODES.get(upstream_class, mode if mode == DUPLICATED else
                       COLUMN if "Column" in upstream_class else mode)
     experts = ".experts." in f".{path}."
@@ -231,3 +236,18 @@ def check_gemm_shape(config: ModelConfig, shape: GemmShape, quant: Quant, te_ver
 def module_pattern(module: str) -> str:
     """The name with layer and expert indices wildcarded: one finding per repeated module."""
     return _INDEX.sub(".*", module)
+
+
+def shape_table(shapes: list[tuple[GemmShape, Quant]], p: Parallel) -> list[dict]:
+    """One entry per repeated module (indices wildcarded) and recipe: its GEMM on one rank."""
+    table: dict[tuple, dict] = {}
+    for shape, quant in shapes:
+        key = (module_pattern(shape.module), quant)
+        entry = table.get(key)
+        if entry is None:
+            table[key] = {"modules": key[0], "count": 1, "precision": quant.label,
+                          "split": p.label(), "m": shape.m, "m_in": shape.m_in, "k": shape.k,
+                          "n": shape.n, "per_expert": shape.per_expert}
+        else:
+            entry["count"] += 1
+    return list(table.values())

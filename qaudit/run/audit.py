@@ -91,12 +91,14 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
     match_names = {m.fqn: m.match_name for m in every_module}
     bindings = {m.fqn: (m.matcher, m.quant_config) for m in every_module
                 if getattr(m, "quant_config", None) is not None}
-    memory = None
+    memory, built_widths = None, {}
     if options.full_size:
         from qaudit.plan.shapes import Parallel, parallel_of
         from qaudit.run.memory import per_rank_memory
 
         memory = per_rank_memory(model, config, parallel_of(config) or Parallel(), every_module)
+        built_widths = {m.fqn: (int(m.weights()[0].shape[-1]), int(m.weights()[0].shape[-2]))
+                        for m in every_module if m.is_te and m.weights()}
     del every_module  # a stage's process drops the others' modules now
     runner = None
     if options.world is not None:
@@ -146,7 +148,7 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
         config=config, recipe=recipe, policy=policy, rows=rows_in_order, records=records,
         overwrite_main_grad=overwrite, te_modules=te_modules, match_names=match_names,
         bindings=bindings, evaluation=options.evaluation, allow_import=options.allow_import,
-        custom_factories=factories, te_version=te.rule_version)
+        custom_factories=factories, te_version=te.rule_version, built_widths=built_widths)
     return AuditRun(model=model, session=session, records=records, rows=rows_in_order, facts=facts,
                     snapshot=snapshot or None, memory=memory)
 

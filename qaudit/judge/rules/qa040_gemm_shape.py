@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from qaudit.judge.rules import AuditFacts, Hit, rule
+from qaudit.load.precision import Quant
 from qaudit.plan.dims import model_dims
-from qaudit.plan.shapes import (ShapeProblem, check_gemm_shape, gemm_shape, module_pattern,
-                                parallel_of)
+from qaudit.plan.shapes import (GemmShape, Parallel, ShapeProblem, check_gemm_shape,
+                                gemm_shape, module_pattern, parallel_of, shape_table)
 from qaudit.plan.upstream.te import NEWEST_TE
 
 
@@ -41,27 +42,46 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     if parallel is None:
         return
     te_version = facts.te_version or NEWEST_TE
-    dims = model_dims(facts.config, full_size=True)
     # One finding per repeated module (layer and expert indices wildcarded) and recipe.
     grouped: dict[tuple, dict[str, list[ShapeProblem]]] = {}
+    for shape, quant, backward in quantized_shapes(facts, parallel):
+        problems = check_gemm_shape(facts.config, shape, quant, te_version, parallel,
+                                    backward=backward)
+        if problems:
+            modules = grouped.setdefault((module_pattern(shape.module), quant), {})
+            modules[shape.module] = problems
+    for modules in grouped.values():
+        yield _hit(facts, modules, parallel.label())
+
+
+def quantized_shapes(facts: AuditFacts, parallel: Parallel) \
+        -> Iterator[tuple[GemmShape, Quant, bool]]:
+    """(shape on one rank, recipe, whether its backward GEMMs run) of every quantized module
+    call; widths from the real-size build where --full-size made one."""
+    dims = model_dims(facts.config, full_size=True)
     for row in facts.rows:
         records = facts.records.get(row.name, ())
         quants = sorted({r.quant for r in records if r.quant is not None})
         if not quants:
             continue
-        shape = gemm_shape(facts.config, row.name, row.type, parallel, dims)
+        shape = gemm_shape(facts.config, row.name, row.type, parallel, dims,
+                           built=facts.built_widths.get(row.name))
         if shape is None:
             continue
         backward = not facts.evaluation and any(r.grad for r in records) \
             and row.accumulation != "frozen"
         for quant in quants:
-            problems = check_gemm_shape(facts.config, shape, quant, te_version, parallel,
-                                        backward=backward)
-            if problems:
-                modules = grouped.setdefault((module_pattern(row.name), quant), {})
-                modules[row.name] = problems
-    for modules in grouped.values():
-        yield _hit(facts, modules, parallel.label())
+            yield shape, quant, backward
+
+
+def gemm_shapes(facts: AuditFacts) -> list[dict] | None:
+    """The report's table of quantized GEMM shapes (--full-size); None when a parallel size
+    comes from outside the config."""
+    parallel = parallel_of(facts.config)
+    if parallel is None:
+        return None
+    return shape_table([(shape, quant) for shape, quant, _ in quantized_shapes(facts, parallel)],
+                       parallel)
 
 
 _DIM_FIX = {"N": "pad out_features", "K": "pad in_features",
