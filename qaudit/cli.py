@@ -117,9 +117,10 @@ def check(
                                           "legacy, config and module; verdicts per module group."),
     rank: Optional[int] = typer.Option(None, "--rank", min=0, help="Show one pipeline stage "
                                        "(default: every stage, each row named by its stage)."),
-    full_size: bool = typer.Option(False, "--full-size", help="Build real widths (refused when "
-                                   "they cannot fit in memory). Default: shrunk widths, every "
-                                   "count kept."),
+    full_size: bool = typer.Option(False, "--full-size", help="Build real widths on the meta "
+                                   "device (no storage; with --verify on the CPU, refused when "
+                                   "they cannot fit) and report per-rank memory. Default: "
+                                   "shrunk widths, every count kept."),
     suggest_fixes: bool = typer.Option(False, "--suggest", help="Re-audit the known remedies for "
                                        "each error and print those that pass, with their cost."),
     output: Optional[list[str]] = typer.Option(None, "--output", "-o", metavar="FORMAT=PATH",

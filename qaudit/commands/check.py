@@ -124,6 +124,11 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
                     megatron=megatron_target(options).to_dict(), te=te_target(options).to_dict())
     if run.facts.cross_check is not None:
         report.cross_check = run.facts.cross_check.to_dict()
+    report.memory = run.memory
+    if options.full_size:
+        from qaudit.judge.rules.qa040_gemm_shape import gemm_shapes
+
+        report.gemm_shapes = gemm_shapes(run.facts)
     if options.compare_policies:
         report.policies = compare_policies(config, recipe, options, rows)
     if options.rank is not None:

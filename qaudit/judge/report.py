@@ -61,6 +61,11 @@ class Report:
     # --cross-check: the comparison with the installed Megatron (qaudit.crosscheck.CrossCheck
     # .to_dict(): megatron, modules_compared, differences, ...).
     cross_check: dict[str, Any] | None = None
+    # --full-size: parameters and bytes on one rank (qaudit/run/memory.py per_rank_memory).
+    memory: dict[str, Any] | None = None
+    # --full-size: each quantized module's GEMM on one rank, from the real-size build
+    # (qaudit/judge/rules/qa040_gemm_shape.py gemm_shapes).
+    gemm_shapes: list[dict[str, Any]] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
@@ -92,6 +97,8 @@ class Report:
             **({"suppressed": [asdict(f) for f in self.suppressed]}
                if self.suppressed is not None else {}),
             **({"cross_check": self.cross_check} if self.cross_check is not None else {}),
+            **({"memory": self.memory} if self.memory is not None else {}),
+            **({"gemm_shapes": self.gemm_shapes} if self.gemm_shapes is not None else {}),
         }
 
 

@@ -12,6 +12,7 @@ import textwrap
 from typing import Callable
 
 from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_names, cross_check_line,
+                                  memory_line,
                                   format_error, group_findings, group_rows, location,
                                   megatron_text, policy_text, te_text, short_type, summary_line,
                                   suppressed_findings)
@@ -59,6 +60,9 @@ def _header(report: Report, width: int) -> list[str]:
     te = te_text(report)
     if te:
         lines.extend(_wrap(f"te: {te}", width, "", "  "))
+    memory = memory_line(report)
+    if memory:
+        lines.extend(_wrap(memory, width, "", "  "))
     config = f"config: {report.config}"
     recipe = f"recipe: {report.recipe}" if report.recipe else ""
     if recipe and len(config) + 3 + len(recipe) <= width:
