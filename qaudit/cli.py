@@ -56,13 +56,19 @@ class DeviceChoice(str, Enum):
 
 
 MEGATRON_HELP = ("The Megatron the verdict is for. auto (default): the Megatron this Python "
-                 "would import, its behaviour read from its code (never imported); with none, "
-                 "the newest megatron-core release qaudit knows, said in the report. main: "
-                 "Megatron-LM main. VERSION: a megatron-core release (0.5.0 ... 0.19.2).")
+                 "would import (PYTHONPATH, site-packages, editable installs), its behaviour read "
+                 "from its code (never imported); with none, the Megatron a Megatron-Bridge "
+                 "dump's writer pins, else the newest megatron-core release qaudit knows, said "
+                 "in the report. main: Megatron-LM main (d98e8a64 + PR #6965). VERSION: a "
+                 "megatron-core release (0.5.0 ... 0.19.2). COMMIT: a Megatron-LM commit qaudit "
+                 "knows (bridge-v0.6.0 = cd4afffa64, d98e8a64). PATH: a Megatron-LM checkout or "
+                 "an installed megatron-core directory, read as auto reads its own.")
 TE_HELP = ("The Transformer Engine behaviour the verdict is for. auto (default): the version of "
            "the TE this Python would import, read from its package metadata (TE is not "
            "imported); with none, the newest TE release qaudit knows, said in the report. "
-           "main: TE main (2.20.0.dev0). VERSION: a TE release (1.9 ... 2.20.2).")
+           "main: TE main (2.20.0.dev0). VERSION: a TE release (1.9 ... 2.20.2). PATH: a "
+           "directory holding transformer_engine/ (site-packages or a TE checkout), its "
+           "version read from its metadata.")
 POLICY_HELP = ("Override the tracking behaviour of --megatron: legacy (megatron-core 0.19), "
                "pre-5642 (0.9-0.18: a quant_recipe alone does not re-arm), always-rearm "
                "(0.5-0.8), config (main, PR #6965), module (PR #7353).")
@@ -86,9 +92,9 @@ def check(
                                                    "file takes from outside (environment "
                                                    "variable, ${VAR} placeholder, script argument "
                                                    "number); repeatable."),
-    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION",
+    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION|COMMIT|PATH",
                                  help=MEGATRON_HELP),
-    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION", help=TE_HELP),
+    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION|PATH", help=TE_HELP),
     policy: Optional[Policy] = typer.Option(None, help=POLICY_HELP),
     steps: int = typer.Option(2, min=1, max=100, help="Training steps to run."),
     microbatches: int = typer.Option(2, min=1, max=64, help="Microbatches per step."),
@@ -310,9 +316,9 @@ def diff(
     head: str = typer.Argument(..., help="Head config YAML, or a JSON report."),
     recipe_base: Optional[str] = typer.Option(None, "--recipe-base", help="Quant recipe for BASE."),
     recipe_head: Optional[str] = typer.Option(None, "--recipe-head", help="Quant recipe for HEAD."),
-    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION",
+    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION|COMMIT|PATH",
                                  help="The Megatron both audits are for (as for check)."),
-    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION",
+    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION|PATH",
                            help="The Transformer Engine both audits are for (as for check)."),
     policy: Optional[Policy] = typer.Option(None, help="Tracking policy for both audits, over "
                                             "the Megatron's own."),
@@ -351,8 +357,10 @@ def diff(
         (what, path) for what, path in (("base recipe", recipe_base), ("head recipe", recipe_head))
         if path]
     try:
+        # auto is resolved per side: each side's loader may know the Megatron its writer pins
+        target = megatron if megatron == "auto" else resolve_megatron(megatron)
         options = AuditOptions(policy=policy.value if policy else None,
-                               megatron=resolve_megatron(megatron), te=resolve_te(te), steps=steps,
+                               megatron=target, te=resolve_te(te), steps=steps,
                                microbatches=microbatches, runtime=runtime.value, seed=seed,
                                allow_long_audit=allow_long_audit)
         outputs = parse_outputs(output, tuple(f.value for f in DiffFormat))
