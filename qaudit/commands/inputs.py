@@ -3,7 +3,7 @@ empty or malformed file is refused before the heavy imports."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from qaudit.load import load_files
 from qaudit.load.config import ModelConfig
@@ -12,9 +12,10 @@ from qaudit.plan import check_plan
 
 
 def load_inputs(config_path: str, recipe_path: str | None = None,
-                variables: Mapping[str, str] | None = None) -> tuple[ModelConfig, QuantRecipe | None]:
+                variables: Mapping[str, str] | None = None,
+                overrides: Sequence[str] = ()) -> tuple[ModelConfig, QuantRecipe | None]:
     """The inputs, loaded (qaudit/load) and checked against what the plan needs (a pipeline
     split Megatron would reject is refused here)."""
-    config, recipe = load_files(config_path, recipe_path, variables)
+    config, recipe = load_files(config_path, recipe_path, variables, overrides)
     check_plan(config)
     return config, recipe

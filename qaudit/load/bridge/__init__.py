@@ -1,0 +1,87 @@
+"""Megatron-Bridge ConfigContainer YAML: what `run_recipe.py --dry-run`,
+`logger.save_config_filepath` and every Bridge checkpoint's `run_config.yaml` hold
+(docs/bridge.md). One reader: the file (plus override files and `a.b=c` arguments, merged as
+Bridge merges them) becomes the same ModelConfig and QuantRecipe the other readers produce.
+Nothing the file names is imported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from qaudit.errors import InputError
+from qaudit.load.bridge.container import Flat, container_kind, flatten
+from qaudit.load.bridge.overrides import apply_overrides
+from qaudit.load.bridge.quant_recipe import recipe_from_node
+from qaudit.load.config import ConfigSource, ModelConfig, SourceNote, config_from_mapping
+from qaudit.load.recipe import QuantRecipe
+from qaudit.load.yamlio import YamlMap, load_yaml
+
+ASSUMED_MEGATRON = "bridge-v0.6.0"
+
+
+def is_bridge_file(path: Path, display: str) -> bool:
+    """A YAML whose top-level `_target_` names a ConfigContainer."""
+    if path.suffix not in (".yaml", ".yml"):
+        return False
+    try:
+        document = load_yaml(path, display)
+    except InputError:
+        return False  # the other readers say what is wrong with it
+    return container_kind(document) is not None
+
+
+def load_bridge(path: Path, display: str, overrides: Sequence[str] = ()
+                ) -> tuple[ModelConfig, QuantRecipe | None]:
+    document = load_yaml(path, display)
+    if not isinstance(document, YamlMap) or container_kind(document) is None:
+        raise InputError("not a Megatron-Bridge ConfigContainer YAML (no top-level _target_ "
+                         "naming a ConfigContainer)", file=display, line=1, key="_target_")
+    origins, explicit = apply_overrides(document, display, overrides)
+    flat = flatten(document, display, origins, explicit)
+    return _config(flat, path, display)
+
+
+def _config(flat: Flat, path: Path, display: str) -> tuple[ModelConfig, QuantRecipe | None]:
+    info = flat.info
+    source = ConfigSource(display, path, flat.mapping, origin="bridge",
+                          assumed_megatron=ASSUMED_MEGATRON, provider=info.provider.name,
+                          bridge_version=info.version, origins=dict(flat.origins),
+                          alternatives=dict(info.alternatives))
+    for message, (file, line), key in flat.notes:
+        source.notes.append(SourceNote(message, line, key, None if file == display else file))
+    try:
+        config = config_from_mapping(flat.mapping, source)
+    except InputError as exc:
+        raise _located(exc, source) from None
+    source.header_notes = _header(flat)
+    recipe = None
+    if flat.recipe_node is not None:
+        file, line = flat.recipe_where
+        recipe = recipe_from_node(flat.recipe_node, file, line)
+    return config, recipe
+
+
+def _located(exc: InputError, source: ConfigSource) -> InputError:
+    """An error about a field an override set points at the override."""
+    if exc.key in source.origins and exc.file == source.file:
+        file, line = source.origins[exc.key]
+        return InputError(exc.message, file=file, line=line, key=f"model.{exc.key}")
+    if exc.key and exc.file == source.file and exc.key in source.mapping:
+        return InputError(exc.message, file=exc.file, line=exc.line, key=f"model.{exc.key}")
+    return exc
+
+
+def _header(flat: Flat) -> list[str]:
+    info = flat.info
+    what = f"Bridge {info.container}"
+    if info.provider.name:
+        what += f", {info.provider.name}"
+    if info.version:
+        what += f", Megatron-Bridge {info.version}"
+    return [what] + info.explanations
+
+
+def describe(value: Any) -> str:
+    return repr(value)
