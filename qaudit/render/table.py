@@ -13,7 +13,7 @@ from typing import Callable
 
 from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_names, cross_check_line,
                                   format_error, group_findings, group_rows, location,
-                                  megatron_text, policy_text, te_text, short_type, summary_line,
+                                  megatron_text, policy_text, te_text, short_type, source_lines, summary_line,
                                   suppressed_findings)
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
@@ -66,6 +66,8 @@ def _header(report: Report, width: int) -> list[str]:
         lines.append(config)
         if recipe:
             lines.append(recipe)
+    for text in source_lines(report):
+        lines.extend(_wrap(f"source: {text}", width, "", "  "))
     return lines
 
 
