@@ -27,7 +27,8 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 def audit_files(config_path: str, recipe_path: str | None = None,
                 options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
     config, recipe = agreed(options.world,
-                            lambda: load_inputs(config_path, recipe_path, dict(options.variables)))
+                            lambda: load_inputs(config_path, recipe_path, dict(options.variables),
+                                                        options.overrides))
     return audit_inputs(config, recipe, options, suggest)
 
 

@@ -30,9 +30,10 @@ def load_files(config_path: str, recipe_path: str | None = None,
         if recipe_path is None:
             return config, recipe
     elif overrides:
-        raise InputError(f"overrides ({overrides[0]!r}) apply to a Megatron-Bridge "
-                         "ConfigContainer YAML only; this file is not one (no top-level "
-                         "_target_ naming a ConfigContainer)", file=config_path)
+        first = overrides[0]
+        raise InputError(f"overrides ({getattr(first, 'label', first)}) apply to a "
+                         "Megatron-Bridge ConfigContainer YAML only; this file is not one (no "
+                         "top-level _target_ naming a ConfigContainer)", file=config_path)
     else:
         config = load_source_config(path, config_path, variables) \
             or load_model_config(path, config_path)

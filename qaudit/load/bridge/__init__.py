@@ -8,11 +8,11 @@ Nothing the file names is imported.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from qaudit.errors import InputError
 from qaudit.load.bridge.container import Flat, container_kind, flatten
-from qaudit.load.bridge.overrides import apply_overrides
+from qaudit.load.bridge.overrides import Override, apply_overrides
 from qaudit.load.bridge.quant_recipe import recipe_from_node
 from qaudit.load.config import ConfigSource, ModelConfig, SourceNote, config_from_mapping
 from qaudit.load.recipe import QuantRecipe
@@ -32,8 +32,10 @@ def is_bridge_file(path: Path, display: str) -> bool:
     return container_kind(document) is not None
 
 
-def load_bridge(path: Path, display: str, overrides: Sequence[str] = ()
+def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = ()
                 ) -> tuple[ModelConfig, QuantRecipe | None]:
+    """`overrides`: override files (`Override(path=...)`) and `key=value` arguments (strings
+    or `Override(text=..., index=...)`), applied as Bridge applies them."""
     document = load_yaml(path, display)
     if not isinstance(document, YamlMap) or container_kind(document) is None:
         raise InputError("not a Megatron-Bridge ConfigContainer YAML (no top-level _target_ "
@@ -83,5 +85,3 @@ def _header(flat: Flat) -> list[str]:
     return [what] + info.explanations
 
 
-def describe(value: Any) -> str:
-    return repr(value)

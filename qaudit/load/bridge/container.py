@@ -139,7 +139,7 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
             continue
         put(key, value, at)
     _compose_mtp_pattern(model, flat, put, where)
-    _apply_mixed_precision(document, display, flat, put, where)
+    _apply_mixed_precision(document, display, flat, put, where, explicit, model)
     _apply_parallel_sections(document, flat, put, where)
     _resolve_fusion(flat, model, explicit, display, where)
     return flat
@@ -165,7 +165,8 @@ def _compose_mtp_pattern(model: YamlMap, flat: Flat, put, where) -> None:
                                             "mtp_hybrid_override_pattern"))
 
 
-def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, where) -> None:
+def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, where,
+                           explicit: set[str], model: YamlMap) -> None:
     node = document.get("mixed_precision")
     if node is None:
         return
@@ -202,6 +203,13 @@ def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, whe
         at = key_of.get(applied.field, at_section)
         if applied.field in ("fp8_param", "fp4_param") and applied.field not in key_of:
             at = key_of.get(applied.field + "_gather", at_section)
+        if f"model.{applied.field}" in explicit and model.get(applied.field) != applied.value:
+            file, line = where(f"model.{applied.field}", model, applied.field)
+            flat.info.explanations.append(
+                f"model.{applied.field} {model.get(applied.field)!r} ({file}"
+                f"{':' + str(line) if line else ''}) is replaced by mixed_precision's "
+                f"{applied.value!r}: Bridge's runtime_config_update copies the section onto the "
+                "model; override mixed_precision instead")
         put(applied.field, applied.value, at)
 
 
