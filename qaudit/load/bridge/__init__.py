@@ -45,6 +45,24 @@ def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = 
     return _config(flat, path, display)
 
 
+def load_object(obj: object, overrides: Sequence[Override | str] = ()
+                ) -> tuple[ModelConfig, QuantRecipe | None]:
+    """A live config object (qaudit/load/bridge/live.py), read as its dump would be."""
+    from qaudit.load.bridge.live import document_of, label_of
+
+    display = label_of(obj)
+    document = document_of(obj)
+    origins, explicit = apply_overrides(document, display, overrides)
+    flat = flatten(document, display, origins, explicit)
+    if container_kind_of_object(document) == "qaudit":
+        flat.info.container = "object"
+    return _config(flat, Path(display), display)
+
+
+def container_kind_of_object(document: YamlMap) -> str:
+    return "qaudit" if document.get("_target_") == "qaudit.api.ConfigContainer" else "bridge"
+
+
 def _config(flat: Flat, path: Path, display: str) -> tuple[ModelConfig, QuantRecipe | None]:
     info = flat.info
     source = ConfigSource(display, path, flat.mapping, origin="bridge",
@@ -77,7 +95,7 @@ def _located(exc: InputError, source: ConfigSource) -> InputError:
 
 def _header(flat: Flat) -> list[str]:
     info = flat.info
-    what = f"Bridge {info.container}"
+    what = "Python config object" if info.container == "object" else f"Bridge {info.container}"
     if info.provider.name:
         what += f", {info.provider.name}"
     if info.version:
