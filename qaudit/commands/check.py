@@ -68,7 +68,7 @@ def _audit_alternatives(config: ModelConfig, recipe: QuantRecipe | None,
         worst_value, report = max(reports, key=badness)  # max keeps the first of equals
         shown = ", ".join(f"{_yaml_word(v)}: {r.counts().get('error', 0)} error(s)"
                           for v, r in reports)
-        header.append(f"{key} audited both ways ({shown}); reported: {_yaml_word(worst_value)}"
+        header.append(f"{key} {shown}; reported: {_yaml_word(worst_value)}"
                       + (" (the worse)" if len({badness(item) for item in reports}) > 1
                          else " (same verdict)"))
     if source is not None and source.origin is not None:

@@ -35,6 +35,8 @@ def load_files(config_path: str, recipe_path: str | None = None,
                          "Megatron-Bridge ConfigContainer YAML only; this file is not one (no "
                          "top-level _target_ naming a ConfigContainer)", file=config_path)
     else:
+        bridge.refuse_override_file(path, config_path)
+        _refuse_recipe_file(path, config_path)
         config = load_source_config(path, config_path, variables) \
             or load_model_config(path, config_path)
     if recipe_path is not None:
@@ -48,3 +50,18 @@ def load_files(config_path: str, recipe_path: str | None = None,
         raise InputError(f"recipe file {display!r} not found (paths are relative to the config file)",
                          file=config.file, line=config.line_of("quant_recipe"), key="quant_recipe")
     return config, load_recipe(Path(display), display)
+
+
+def _refuse_recipe_file(path: Path, display: str) -> None:
+    """A quant recipe (`configs` + `matchers`, e.g. Bridge's te_quant.cfg) given as the config."""
+    from qaudit.load.yamlio import YamlMap, load_yaml
+
+    try:
+        document = load_yaml(path, display)
+    except InputError:
+        return
+    if isinstance(document, YamlMap) and document and set(document) <= {"configs", "matchers"}:
+        raise InputError("a quant recipe file (configs + matchers), not a model config: pass it "
+                         "with --recipe beside the model config, or as the config's "
+                         "quant_recipe", file=display, line=document.line_of(next(iter(document))),
+                         key=str(next(iter(document))))

@@ -32,6 +32,51 @@ def is_bridge_file(path: Path, display: str) -> bool:
     return container_kind(document) is not None
 
 
+# ConfigContainer sections (Bridge v0.6.0 and earlier): a file made of these is an override.
+SECTIONS = frozenset({
+    "model", "train", "validation", "optimizer", "scheduler", "dataset", "data", "logger",
+    "tokenizer", "checkpoint", "dist", "ddp", "mixed_precision", "comm_overlap", "rng",
+    "profiling", "peft", "ft", "straggler", "nvrx_straggler", "rerun_state_machine",
+    "inprocess_restart", "tensor_inspect", "env_vars", "optimizer_config_override_provider",
+    "distill", "kd_config",
+})
+
+
+def refuse_override_file(path: Path, display: str) -> None:
+    """A partial ConfigContainer (a Bridge override YAML) given as the config: exit 2 with
+    what to do instead. A file with `model:` only stays a TransformerConfig YAML."""
+    if path.suffix not in (".yaml", ".yml"):
+        return
+    try:
+        document = load_yaml(path, display)
+    except InputError:
+        return
+    if not isinstance(document, YamlMap) or not document or "_target_" in document:
+        return
+    inner = document
+    if isinstance(document.get("ConfigContainer"), YamlMap) \
+            and set(document) <= {"ConfigContainer", "perf_matrix"}:
+        inner = document["ConfigContainer"]
+    keys = [key for key in inner if isinstance(key, str)]
+    known = [key for key in keys if key in SECTIONS]
+    # Sections only; or a model section beside other sections (and the launcher's own keys,
+    # e.g. cluster_config). A file with `model:` alone stays a TransformerConfig YAML.
+    if not known or (set(keys) - SECTIONS and not ("model" in known and len(known) > 1)) \
+            or (set(keys) == {"model"} and inner is document):
+        return
+    keys = known
+    how = ("pass it as --override on the ConfigContainer YAML of the recipe it changes "
+           "(run_recipe.py --dry-run writes one): qaudit check ConfigContainer.yaml --override "
+           f"{display}")
+    if "model" not in inner:
+        raise InputError(f"a Megatron-Bridge override file with no 'model' section (it sets "
+                         f"{', '.join(keys)} only): not a model config, nothing to audit on its "
+                         f"own; {how}", file=display, line=inner.line_of(keys[0]), key=keys[0])
+    raise InputError(f"a Megatron-Bridge override file (a partial ConfigContainer: "
+                     f"{', '.join(keys)}), not a whole config: the model it changes is its "
+                     f"recipe's; {how}", file=display, line=inner.line_of("model"), key="model")
+
+
 def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = ()
                 ) -> tuple[ModelConfig, QuantRecipe | None]:
     """`overrides`: override files (`Override(path=...)`) and `key=value` arguments (strings

@@ -43,6 +43,14 @@ BRIDGE_PROVIDER_FIELDS = frozenset({
 })
 
 
+# Provider defaults that differ from TransformerConfig's, for fields the audit reads; a dump
+# writes every field, a partial file or a live object may not (hybrid_provider.py v0.6.0;
+# GPTModelProvider's agree with TransformerConfig's for these).
+PROVIDER_DEFAULTS = {
+    "hybrid": {"add_bias_linear": False, "share_embeddings_and_output_weights": False},
+}
+
+
 @dataclass
 class BridgeFile:
     """What the reader found besides the model fields: for the report header and the audit."""
@@ -138,6 +146,9 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
         if key in BRIDGE_PROVIDER_FIELDS:
             continue
         put(key, value, at)
+    for key, value in PROVIDER_DEFAULTS.get(provider.family, {}).items():
+        if key not in flat.mapping:
+            put(key, value, (display, model.line_of("_target_")))
     _compose_mtp_pattern(model, flat, put, where)
     _apply_mixed_precision(document, display, flat, put, where, explicit, model)
     _apply_parallel_sections(document, flat, put, where)
@@ -281,5 +292,5 @@ def _resolve_fusion(flat: Flat, model: YamlMap, explicit: set[str], display: str
         flat.mapping.key_lines[key] = at[1]
         info.explanations.append(
             f"{key}: false in the file may be the build machine's probe (Bridge's default "
-            "is true only where Transformer Engine imports) or the recipe's choice; audited "
-            "with true and false, the worse verdict reported")
+            "is true only where Transformer Engine imports) or the recipe's choice, so both "
+            "values are audited")
