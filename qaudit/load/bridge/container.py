@@ -17,7 +17,8 @@ from typing import Any
 from qaudit.errors import InputError
 from qaudit.load.bridge import mixed_precision as mp
 from qaudit.load.bridge import sections
-from qaudit.load.bridge.nodes import plain, short_name, target_of
+from qaudit.load.bridge.nodes import is_reference, plain, short_name, target_of
+from qaudit.load.config import MODELLED_FIELDS
 from qaudit.load.bridge.provider import Provider, classify
 from qaudit.load.yamlio import YamlMap, short_repr, type_name
 
@@ -145,6 +146,10 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
             continue
         if key in BRIDGE_PROVIDER_FIELDS:
             continue
+        raw = model_node.get(key) if isinstance(model_node, YamlMap) else None
+        if key not in MODELLED_FIELDS and (is_reference(raw) or (
+                isinstance(raw, list) and raw and all(is_reference(item) for item in raw))):
+            continue  # a dtype, function or enum the audit does not read: not handed on
         put(key, value, at)
     for key, value in PROVIDER_DEFAULTS.get(provider.family, {}).items():
         if key not in flat.mapping:
