@@ -178,8 +178,12 @@ def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
     lines[0] = lines[0].replace(lead, f"{f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1)
     if len(group.modules) > 1:
         names = collapse_names(group.modules)
-        lines.append("      modules: " + names[0])
-        lines.extend("               " + name for name in names[1:])
+        pad = " " * 15
+        for i, name in enumerate(names):
+            # A name too long for the line breaks after a dot (MTP names reach 70 characters).
+            parts = split_name(name, width - len(pad), "    ")
+            lines.append(("      modules: " if i == 0 else pad) + parts[0])
+            lines.extend(pad + part for part in parts[1:])
     where = location(f.file, f.line)
     if where:
         lines.append(f"      at {where}")

@@ -151,6 +151,20 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
                 isinstance(raw, list) and raw and all(is_reference(item) for item in raw))):
             continue  # a dtype, function or enum the audit does not read: not handed on
         put(key, value, at)
+    if model.get("restore_modelopt_state") is True:
+        at = where("model.restore_modelopt_state", model, "restore_modelopt_state")
+        if provider.family == "hybrid":  # hybrid_provider: the ModelOpt hybrid stack spec
+            put("layer_spec", "modelopt", at)
+        else:
+            flat.notes.append(("model.restore_modelopt_state true: the ModelOpt restore path "
+                               "may swap the layer spec; audited with the TE spec", at,
+                               "restore_modelopt_state"))
+    if model.get("use_transformer_engine_full_layer_spec") is True:
+        at = where("model.use_transformer_engine_full_layer_spec", model,
+                   "use_transformer_engine_full_layer_spec")
+        flat.notes.append(("model.use_transformer_engine_full_layer_spec true: TE's whole "
+                           "TransformerLayer replaces Megatron's layer (other module names and "
+                           "fusions); not modelled", at, "use_transformer_engine_full_layer_spec"))
     for key, value in PROVIDER_DEFAULTS.get(provider.family, {}).items():
         if key not in flat.mapping:
             put(key, value, (display, model.line_of("_target_")))
@@ -236,8 +250,9 @@ def _apply_parallel_sections(document: YamlMap, flat: Flat, put, where) -> None:
     mapping = flat.mapping
     fsdp_at = None
     for name, node in (("dist", dist), ("ddp", ddp)):
-        if node is not None and node.get("use_megatron_fsdp") is True:
-            fsdp_at = where(f"{name}.use_megatron_fsdp", node, "use_megatron_fsdp")
+        for key in ("use_megatron_fsdp", "use_custom_fsdp"):  # the latter: its old name
+            if node is not None and node.get(key) is True:
+                fsdp_at = where(f"{name}.{key}", node, key)
     if fsdp_at is not None:
         # ConfigContainer.validate(): either switch turns on both.
         put("use_megatron_fsdp", True, fsdp_at)
@@ -268,6 +283,14 @@ def _apply_parallel_sections(document: YamlMap, flat: Flat, put, where) -> None:
         if key in ddp_values and sections.is_on(ddp_values[key]):
             flat.notes.append((f"ddp.{key} {short_repr(ddp_values[key])}: {why}",
                                ddp_where[key], f"ddp.{key}"))
+    optimizer = sections.section(document, "optimizer")
+    for key, why in sections.NAMED_OPTIMIZER.items():
+        if optimizer is not None and sections.is_on(optimizer.get(key)):
+            flat.notes.append((f"optimizer.{key} {short_repr(optimizer[key])}: {why}",
+                               where(f"optimizer.{key}", optimizer, key), f"optimizer.{key}"))
+    for name, why in sections.NAMED_SECTIONS.items():
+        if document.get(name) is not None:
+            flat.notes.append((f"{name} is set: {why}", where(name, document, name), name))
     for key, why in sections.NAMED_DIST.items():
         if dist is not None and sections.is_on(dist.get(key)):
             flat.notes.append((f"dist.{key} {short_repr(dist[key])}: {why}",

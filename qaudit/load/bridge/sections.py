@@ -40,6 +40,14 @@ NAMED_DDP = {
     "delay_wgrad_compute": ("DDP's delayed weight-gradient hooks are not modelled (the model's "
                             "delay_wgrad_compute is)"),
 }
+NAMED_OPTIMIZER = {
+    "overlap_param_gather_with_optimizer_step": _OVERLAP,
+}
+# Whole sections whose presence changes the modules or their gradients.
+NAMED_SECTIONS = {
+    "peft": ("PEFT adapters (LoRA...) add linears and freeze the base weights; not modelled: "
+             "the base model is audited as if fully trained"),
+}
 NAMED_DIST = {
     "use_torch_fsdp2": (
         "FSDP2: TE keeps no quantized weight cache (no workspace key), so the flag never "
