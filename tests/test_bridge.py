@@ -423,3 +423,36 @@ def test_the_python_example_in_the_docs_runs(capsys):
     with pytest.raises(AuditFailed):
         exec(compile(code, "docs/bridge.md", "exec"), {"__name__": "__main__"})
     assert capsys.readouterr().out.startswith("1 ['QA001'")
+
+
+def test_megatron_lms_pretrain_config_container_nests_the_transformer(tmp_path):
+    """PretrainConfigContainer: model is a GPTModelConfig with `transformer:` inside."""
+    transformer = {k: v for k, v in gpt_model().items() if k != "_target_"}
+    document = {"_target_": "megatron.training.config.container.PretrainConfigContainer",
+                "model": {"_target_": "megatron.training.models.gpt.GPTModelConfig",
+                          "transformer": {"_target_": "megatron.core.transformer."
+                                          "transformer_config.TransformerConfig",
+                                          **transformer},
+                          "vocab_size": 1024},
+                "mixed_precision": "bf16_with_mxfp8_mixed"}
+    path = tmp_path / "container.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    config, _ = load_files(str(path))
+    assert config.num_layers == LAYERS and config.fp8_recipe == "mxfp8"
+    assert config.vocab_size == 1024 and config.family == "gpt"
+    assert config.source.header_notes[0].startswith("Bridge PretrainConfigContainer")
+
+
+def test_named_settings_are_warned_where_bridge_keeps_them(tmp_path):
+    path = write_dump(tmp_path, ddp={"overlap_grad_reduce": True, "use_distributed_optimizer": True},
+                      comm_overlap={"overlap_grad_reduce": False, "delay_wgrad_compute": None},
+                      dist={"use_torch_fsdp2": True}, peft={"_target_": "x.LoRA"})
+    config, _ = load_files(path)
+    keys = {note.key for note in config.source.notes}
+    # comm_overlap's non-null value wins over the DDP one (with the distributed optimizer)
+    assert keys == {"dist.use_torch_fsdp2", "peft"}
+    assert config.delay_wgrad_compute is False
+    fsdp = write_dump(tmp_path, "fsdp.yaml", dist={"use_megatron_fsdp": True},
+                      ddp={"data_parallel_sharding_strategy": "optim_grads_params"})
+    config, _ = load_files(fsdp)
+    assert config.use_megatron_fsdp and config.overwrites_main_grad

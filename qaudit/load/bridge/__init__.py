@@ -134,7 +134,12 @@ def _located(exc: InputError, source: ConfigSource) -> InputError:
         file, line = source.origins[exc.key]
         return InputError(exc.message, file=file, line=line, key=f"model.{exc.key}")
     if exc.key and exc.file == source.file and exc.key in source.mapping:
-        return InputError(exc.message, file=exc.file, line=exc.line, key=f"model.{exc.key}")
+        message = exc.message
+        if source.mapping.get(exc.key) == 0 and message.endswith("got 0"):
+            # vanilla_gpt-style recipes ship zeros for the sizes that overrides fill in.
+            message += (f"; the recipe leaves it to an override: add model.{exc.key}=N "
+                        "(or --override FILE)")
+        return InputError(message, file=exc.file, line=exc.line, key=f"model.{exc.key}")
     return exc
 
 
