@@ -85,8 +85,9 @@ def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = 
     if not isinstance(document, YamlMap) or container_kind(document) is None:
         raise InputError("not a Megatron-Bridge ConfigContainer YAML (no top-level _target_ "
                          "naming a ConfigContainer)", file=display, line=1, key="_target_")
-    origins, explicit = apply_overrides(document, display, overrides)
+    origins, explicit, remarks = apply_overrides(document, display, overrides)
     flat = flatten(document, display, origins, explicit)
+    flat.info.explanations.extend(remarks)
     return _config(flat, path, display)
 
 
@@ -97,8 +98,9 @@ def load_object(obj: object, overrides: Sequence[Override | str] = ()
 
     display = label_of(obj)
     document = document_of(obj)
-    origins, explicit = apply_overrides(document, display, overrides)
+    origins, explicit, remarks = apply_overrides(document, display, overrides)
     flat = flatten(document, display, origins, explicit)
+    flat.info.explanations.extend(remarks)
     if container_kind_of_object(document) == "qaudit":
         flat.info.container = "object"
     return _config(flat, Path(display), display)

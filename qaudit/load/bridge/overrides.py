@@ -48,10 +48,11 @@ class Override:
 
 
 def apply_overrides(document: YamlMap, display: str, overrides: Sequence[Override | str]
-                    ) -> tuple[dict[str, Where], set[str]]:
+                    ) -> tuple[dict[str, Where], set[str], list[str]]:
     """Apply in Bridge's order (files, then arguments). Returns where each dotted key was set
-    by an override, and the set of those keys."""
+    by an override, the set of those keys, and remarks for the report header."""
     origins: dict[str, Where] = {}
+    remarks: list[str] = []
     items = [o if isinstance(o, Override) else Override(text=o, index=i + 1)
              for i, o in enumerate(overrides)]
     for item in items:
@@ -59,8 +60,12 @@ def apply_overrides(document: YamlMap, display: str, overrides: Sequence[Overrid
             _merge_file(document, item.path, origins)
     for item in items:
         if item.text is not None:
-            _apply_argument(document, item, origins)
-    return origins, set(origins)
+            if _apply_argument(document, item, origins):
+                remarks.append(f"{item.label}: Bridge writes back only the keys left after the "
+                               "overrides, so a deleted key keeps the recipe's value")
+    deleted = {o.text.lstrip("~").partition("=")[0] for o in items
+               if o.text is not None and o.text.startswith("~")}
+    return origins, set(origins) - deleted, remarks
 
 
 # --- override files ------------------------------------------------------------------------
@@ -110,7 +115,8 @@ _FLOAT = re.compile(r"^[+-]?(\d[\d_]*\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\(.*\)$", re.DOTALL)
 
 
-def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where]) -> None:
+def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where]) -> bool:
+    """Apply one argument; True for a deletion (which changes nothing in Bridge)."""
     text = item.text or ""
     where = (item.label, None)
 
@@ -144,8 +150,7 @@ def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where]
     if prefix == "~":
         if not exists:
             raise fail("cannot delete a key that is not in the config (Hydra raises)", key)
-        origins[key] = where  # Bridge keeps the recipe's value: nothing changes
-        return
+        return True  # Bridge keeps the recipe's value: nothing changes
     if prefix == "" and not exists:
         raise fail("not in the config: Hydra refuses to add a key without '+' (and Bridge "
                    "would skip a field its dataclass lacks)", key)
@@ -157,10 +162,11 @@ def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where]
             parent[leaf][sub] = sub_value
             parent[leaf].key_lines[sub] = None
             _record(sub_value, f"{key}.{sub}", where, origins)
-        return
+        return False
     parent[leaf] = value
     parent.key_lines[leaf] = None
     _record(value, key, where, origins)
+    return False
 
 
 def parse_value(raw: str, fail, key: str) -> Any:
