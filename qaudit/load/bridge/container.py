@@ -229,18 +229,17 @@ def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, whe
         raise InputError(f"expected a MixedPrecisionConfig mapping or a recipe name, got "
                          f"{type_name(node)} {short_repr(node)}", file=at_section[0],
                          line=at_section[1], key="mixed_precision")
-    for applied in mp.model_updates(values, {}):
-        at = key_of.get(applied.field, at_section)
-        if applied.field in ("fp8_param", "fp4_param") and applied.field not in key_of:
-            at = key_of.get(applied.field + "_gather", at_section)
-        if f"model.{applied.field}" in explicit and model.get(applied.field) != applied.value:
-            file, line = where(f"model.{applied.field}", model, applied.field)
+    for name, value in mp.model_updates(values):
+        at = key_of.get(name, at_section)
+        if name in ("fp8_param", "fp4_param") and name not in key_of:
+            at = key_of.get(name + "_gather", at_section)
+        if f"model.{name}" in explicit and model.get(name) != value:
+            file, line = where(f"model.{name}", model, name)
             flat.info.explanations.append(
-                f"model.{applied.field} {model.get(applied.field)!r} ({file}"
-                f"{':' + str(line) if line else ''}) is replaced by mixed_precision's "
-                f"{applied.value!r}: Bridge's runtime_config_update copies the section onto the "
-                "model; override mixed_precision instead")
-        put(applied.field, applied.value, at)
+                f"model.{name} {model.get(name)!r} ({file}{':' + str(line) if line else ''}) "
+                f"is replaced by mixed_precision's {value!r}: Bridge's runtime_config_update "
+                "copies the section onto the model; override mixed_precision instead")
+        put(name, value, at)
 
 
 def _apply_parallel_sections(document: YamlMap, flat: Flat, put, where) -> None:

@@ -10,7 +10,6 @@ dump was written before that update (`run_recipe.py --dry-run`) or after it (`ru
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 # MixedPrecisionConfig's defaults (fields that reach a model config; fp8_recipe is
@@ -93,16 +92,6 @@ def finalized(values: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-@dataclass(frozen=True)
-class Applied:
-    """One model field as mixed_precision set it: the value and the section's key."""
-
-    field: str
-    value: Any
-    key: str  # "mixed_precision.fp8", or "mixed_precision" for a recipe name
-
-
-def model_updates(values: dict[str, Any], key_of: dict[str, str]) -> list[Applied]:
-    """What setup() writes onto the model, from the finalized section values."""
-    return [Applied(name, values[name], key_of.get(name, "mixed_precision"))
-            for name in MODEL_FIELDS if name in values]
+def model_updates(values: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What setup() writes onto the model, from the finalized section values: (field, value)."""
+    return [(name, values[name]) for name in MODEL_FIELDS if name in values]
