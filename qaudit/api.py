@@ -75,7 +75,8 @@ def audit(cfg: Any, *, recipe: str | None = None, overrides: Sequence[str] = (),
     `overrides`: Hydra-style `a.b=c` strings (Bridge configs); other keyword arguments are
     AuditOptions fields (steps, microbatches, runtime, seed, ...)."""
     from qaudit.commands.check import audit_inputs
-    from qaudit.load.bridge import load_object
+    from qaudit.errors import InputError
+    from qaudit.load.bridge import load_object, locate_error
     from qaudit.load.bridge.overrides import Override
     from qaudit.plan import check_plan
     from qaudit.run.options import AuditOptions
@@ -92,5 +93,8 @@ def audit(cfg: Any, *, recipe: str | None = None, overrides: Sequence[str] = (),
                                             listed)
     else:
         config, loaded_recipe = load_object(cfg, listed)
-        check_plan(config)
+        try:
+            check_plan(config)
+        except InputError as exc:
+            raise locate_error(exc, config.source) from None
     return AuditReport(audit_inputs(config, loaded_recipe, run), fail_on)

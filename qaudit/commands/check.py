@@ -11,6 +11,7 @@ import torch
 from qaudit.errors import InputError
 from qaudit.judge.report import Finding, ModuleRow, Report
 from qaudit.judge.rules import judge
+from qaudit.load.bridge import locate_error
 from qaudit.load.config import ModelConfig
 from qaudit.load.recipe import QuantRecipe
 from qaudit.plan.policies import COMPARED_POLICIES, POLICIES
@@ -37,7 +38,10 @@ def audit_inputs(config: ModelConfig, recipe: QuantRecipe | None,
     """Audit inputs already loaded (`load_inputs`), with `--suggest`'s remedies when asked."""
     options = replace(options, megatron=megatron_target(options),  # once, for every re-audit
                       te=te_target(options))
-    report = _audit_alternatives(config, recipe, options)
+    try:
+        report = _audit_alternatives(config, recipe, options)
+    except InputError as exc:  # about a field a Bridge override set: at the override
+        raise locate_error(exc, config.source) from None
     if suggest:
         from qaudit.commands.suggest import suggest as find_remedies
 

@@ -130,6 +130,13 @@ def _config(flat: Flat, path: Path, display: str) -> tuple[ModelConfig, QuantRec
     return config, recipe
 
 
+def locate_error(exc: InputError, source: ConfigSource | None) -> InputError:
+    """A later stage's error about a field of a Bridge config: at the override that set it."""
+    if source is None or source.origin != "bridge":
+        return exc
+    return _located(exc, source)
+
+
 def _located(exc: InputError, source: ConfigSource) -> InputError:
     """An error about a field an override set points at the override."""
     if exc.key in source.origins and exc.file == source.file:
