@@ -79,12 +79,37 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+def split_targets(args: list[str]) -> tuple[list[str], list[str]]:
+    """CONFIG arguments into (paths, overrides): an argument starting with '+' or '~', or
+    holding '=' without naming an existing path, is a Hydra-style override (`a.b=c`)."""
+    import os
+
+    paths: list[str] = []
+    overrides: list[str] = []
+    for arg in args:
+        if arg[:1] in ("+", "~") or ("=" in arg and not os.path.exists(arg)):
+            overrides.append(arg)
+        else:
+            paths.append(arg)
+    return paths, overrides
+
+
 @app.command()
 def check(
-    config: str = typer.Argument(..., help="Model config: a YAML of TransformerConfig field names "
-                                 "(flat or under 'model:'), a Megatron launch script (.sh) or a "
-                                 "functional-test YAML with MODEL_ARGS. gradient_accumulation_fusion "
-                                 "defaults to true, as on Megatron's training command line."),
+    targets: list[str] = typer.Argument(..., metavar="CONFIG [KEY=VALUE ...]",
+                                        help="Model config: a YAML of TransformerConfig field "
+                                        "names (flat or under 'model:'), a Megatron-Bridge "
+                                        "ConfigContainer YAML, a Megatron launch script (.sh) or "
+                                        "a functional-test YAML with MODEL_ARGS. After a Bridge "
+                                        "ConfigContainer: Hydra-style overrides (a.b=c, +a.b=c, "
+                                        "++a.b=c, ~a.b), applied as Bridge applies them. "
+                                        "gradient_accumulation_fusion defaults to true, as on "
+                                        "Megatron's training command line."),
+    override_files: Optional[list[str]] = typer.Option(None, "--override", metavar="FILE",
+                                                       help="A Megatron-Bridge override YAML "
+                                                       "merged into the ConfigContainer before "
+                                                       "the KEY=VALUE arguments, as Bridge "
+                                                       "merges it; repeatable."),
     recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Quant recipe YAML "
                                          "(configs + matchers); wins over the config's quant_recipe."),
     set_values: Optional[list[str]] = typer.Option(None, "--set", metavar="NAME=VALUE",
@@ -173,6 +198,15 @@ def check(
             distributed.join(world)
     except EnvironmentProblem as exc:
         _fail(f"error: {exc}", EXIT_INTERNAL)
+    from qaudit.load.bridge.overrides import Override
+
+    paths, arguments = split_targets(targets)
+    if len(paths) != 1:
+        _fail(f"error: expected one CONFIG path, got {len(paths)}"
+              + (f" ({', '.join(paths)})" if paths else ""), EXIT_USAGE)
+    config = paths[0]
+    overrides = tuple([Override(path=path) for path in override_files or []]
+                      + [Override(text=text, index=targets.index(text) + 1) for text in arguments])
     options = AuditOptions(policy=policy.value if policy else None, megatron=megatron, te=te,
                            steps=steps, microbatches=microbatches,
                            runtime=runtime.value, device=device.value if device else None,
@@ -181,7 +215,7 @@ def check(
                            full_size=full_size, rank=rank, world=world, cross_check=cross_check,
                            cross_check_timeout=cross_check_timeout,
                            cross_check_memory=cross_check_memory or None,
-                           allow_long_audit=allow_long_audit)
+                           allow_long_audit=allow_long_audit, overrides=overrides)
     # Under torchrun every rank reaches the same outcome and only rank 0 speaks.
     speaks = world is None or world.is_leader
     code = _check(config, recipe, options, set_values, output_format, fail_on, output, expand,
@@ -210,7 +244,8 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
         return code
 
     inputs = [("config", config)] + ([("recipe", recipe)] if recipe else []) \
-        + ([("baseline", baseline)] if baseline else [])
+        + ([("baseline", baseline)] if baseline else []) \
+        + [("override", o.path) for o in options.overrides if o.path is not None]
     try:
         outputs = parse_outputs(output)
         baselines = prepare_baseline(baseline, write_baseline)
@@ -229,7 +264,7 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
         # Inputs load before torch is imported: a bad file is refused at once. Under torchrun
         # the ranks agree on the loading outcome inside audit_files.
         if options.world is None:
-            loaded = load_inputs(config, recipe, dict(options.variables))
+            loaded = load_inputs(config, recipe, dict(options.variables), options.overrides)
             from qaudit.commands.check import audit_inputs
 
             report = audit_inputs(*loaded, options, suggest=suggest_fixes)

@@ -66,6 +66,10 @@ class Report:
     # --full-size: each quantized module's GEMM on one rank, from the real-size build
     # (qaudit/judge/rules/qa040_gemm_shape.py gemm_shapes).
     gemm_shapes: list[dict[str, Any]] | None = None
+    # How the config was read when a reader says more than its path: a Megatron-Bridge
+    # ConfigContainer's provider and version, and settings resolved for the GPU job
+    # (qaudit/load/bridge/). None for the other inputs.
+    source: list[str] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
@@ -84,6 +88,7 @@ class Report:
             **({"megatron": self.megatron} if self.megatron is not None else {}),
             **({"te": self.te} if self.te is not None else {}),
             "config": self.config,
+            **({"source": self.source} if self.source is not None else {}),
             "recipe": self.recipe,
             "steps": self.steps,
             "microbatches": self.microbatches,

@@ -294,6 +294,12 @@ def te_text(report: Report) -> str | None:
     return _target_text(getattr(report, "te", None), "--te")
 
 
+def source_lines(report: object) -> list[str]:
+    """How the config was read (a Bridge ConfigContainer's provider, version, and settings
+    resolved for the GPU job); empty for the other inputs."""
+    return [str(line) for line in getattr(report, "source", None) or []]
+
+
 def _target_text(target: object, option: str) -> str | None:
     """A report's `megatron` or `te` entry as one line: label, then installed, named or assumed."""
     if not isinstance(target, dict):

@@ -14,7 +14,7 @@ from typing import Callable
 from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_names, cross_check_line,
                                   memory_line,
                                   format_error, group_findings, group_rows, location,
-                                  megatron_text, policy_text, te_text, short_type, summary_line,
+                                  megatron_text, policy_text, te_text, short_type, source_lines, summary_line,
                                   suppressed_findings)
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
@@ -71,6 +71,8 @@ def _header(report: Report, width: int) -> list[str]:
         lines.append(config)
         if recipe:
             lines.append(recipe)
+    for text in source_lines(report):
+        lines.extend(_wrap(f"source: {text}", width, "", "  "))
     return lines
 
 
@@ -181,8 +183,12 @@ def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
     lines[0] = lines[0].replace(lead, f"{f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1)
     if len(group.modules) > 1:
         names = collapse_names(group.modules)
-        lines.append("      modules: " + names[0])
-        lines.extend("               " + name for name in names[1:])
+        pad = " " * 15
+        for i, name in enumerate(names):
+            # A name too long for the line breaks after a dot (MTP names reach 70 characters).
+            parts = split_name(name, width - len(pad), "    ")
+            lines.append(("      modules: " if i == 0 else pad) + parts[0])
+            lines.extend(pad + part for part in parts[1:])
     where = location(f.file, f.line)
     if where:
         lines.append(f"      at {where}")

@@ -18,5 +18,5 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     """
     source = facts.config.source
     for note in (source.notes if source else []):
-        yield Hit(message=note.message, file=facts.config.file, line=note.line,
+        yield Hit(message=note.message, file=note.file or facts.config.file, line=note.line,
                   fix="check the audit's result by hand for this setting, or drop the setting")
