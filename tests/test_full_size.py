@@ -172,3 +172,28 @@ def test_full_size_reports_every_quantized_gemm_shape_from_the_build(write_yaml)
     assert (fc1["per_expert"], fc1["k"], fc1["n"]) == (True, 1024, 256)  # 512 / ETP 2
     assert all(s["split"] == "TP 2, EP 4, sequence parallel" for s in report.gemm_shapes)
     assert audit_files(write_yaml("moe.yaml", MOE_MLA), options=AuditOptions()).gemm_shapes is None
+
+
+def test_numpy_import_short_cut_lasts_one_audit_only(write_yaml, monkeypatch):
+    """The meta run blocks a failing numpy import for speed; after the audit, numpy found
+    later on sys.path (a cross-check's Megatron brings its own) must import again."""
+    import importlib.util
+    import sys
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.delitem(sys.modules, "numpy", raising=False)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name == "numpy" else real_find_spec(name, *a, **k))
+    seen = {}
+    from qaudit.run import audit as audit_module
+    real_training = audit_module.run_training
+
+    def spy(*args, **kwargs):
+        seen["during"] = sys.modules.get("numpy", "absent")
+        return real_training(*args, **kwargs)
+
+    monkeypatch.setattr(audit_module, "run_training", spy)
+    audit_files(write_yaml("moe.yaml", MOE_MLA), options=AuditOptions(full_size=True))
+    assert seen["during"] is None  # blocked while the meta run lasts
+    assert "numpy" not in sys.modules  # and gone afterwards
+

@@ -66,6 +66,14 @@ def effective_policy(options: AuditOptions) -> TrackingPolicy:
 
 def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
               policy_name: str | None = None) -> AuditRun:
+    try:
+        return _run_audit(config, recipe, options, policy_name)
+    finally:
+        _allow_numpy_import_again()
+
+
+def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
+               policy_name: str | None) -> AuditRun:
     policy = POLICIES[policy_name] if policy_name else effective_policy(options)
 
     te = te_target(options)
@@ -294,8 +302,25 @@ def _skip_failing_numpy_import() -> None:
     import importlib.util
     import sys
 
+    global _numpy_blocked
     if "numpy" not in sys.modules and importlib.util.find_spec("numpy") is None:
         sys.modules["numpy"] = None  # type: ignore[assignment]
+        _numpy_blocked = True
+
+
+_numpy_blocked = False
+
+
+def _allow_numpy_import_again() -> None:
+    """The None entry lasts one audit only: later work in this process (the cross-check, whose
+    Megatron brings numpy on its own sys.path entry; a caller of the Python API) must be able
+    to import numpy."""
+    import sys
+
+    global _numpy_blocked
+    if _numpy_blocked and "numpy" in sys.modules and sys.modules["numpy"] is None:
+        del sys.modules["numpy"]
+    _numpy_blocked = False
 
 
 def check_full_size_fits(config: ModelConfig, processes_here: int = 1) -> None:
