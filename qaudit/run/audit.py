@@ -178,8 +178,11 @@ def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget,
         raise InputError(f"--te {te.version} names the TE behaviour the reference runtime "
                          "models; --runtime te runs the installed Transformer Engine (leave "
                          "--te at auto, or use --runtime reference)")
+    note = ""
     if name == "auto" and (needs_reference or te.source == "named"):
         name = "reference"
+        note = (f"te not used: {needs_reference[0]} is modelled by the reference runtime only"
+                if needs_reference else f"te not used: --te {te.version} names a modelled TE")
     if name == "te" and needs_reference:
         key = needs_reference[0]
         what = "primary quantized weights (the recipe's fp8_param)" if key == "quant_recipe" \
@@ -188,7 +191,8 @@ def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget,
                          "docs/te-settings.md); use --runtime reference",
                          file=config.file, line=config.line_of(key), key=key)
     return select_runtime(name, options.device,
-                          reads_overwrite_main_grad=te.behaviour.reads_overwrite_main_grad)
+                          reads_overwrite_main_grad=te.behaviour.reads_overwrite_main_grad,
+                          fallback_note=note)
 
 
 def check_config_runs_on_te(config: ModelConfig, te: TETarget) -> None:
