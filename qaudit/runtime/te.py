@@ -258,8 +258,15 @@ class _WeightCasts:
             self.kernels.watch_casts(weight, None)
         if not self.outputs:
             return "reuse" if _is_quantized(self.module) else None
-        kept = {id(ws) for ws in getattr(self.module, "_fp8_workspaces", {}).values()}
-        return "refresh" if any(id(out) in kept for out in self.outputs) else "fresh"
+        from qaudit.runtime.te_cpu.storage import buffer_addresses
+
+        kept = set()
+        for workspace in getattr(self.module, "_fp8_workspaces", {}).values():
+            kept |= buffer_addresses(workspace)
+        cast = set()
+        for out in self.outputs:
+            cast |= buffer_addresses(out)
+        return "refresh" if cast & kept else "fresh"
 
 
 def _is_quantized(module: torch.nn.Module) -> bool:

@@ -82,6 +82,11 @@ def _as_2d(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
 
 
+def _transposed_as_2d(x: torch.Tensor) -> torch.Tensor:
+    """A transposed buffer [last, *rest] as the matrix [last, rows]."""
+    return x.reshape(x.shape[0], -1) if x.dim() != 2 else x
+
+
 def fill(src: torch.Tensor, quantizer, dst, fp8: torch.dtype) -> None:
     """Quantize `src` into the buffers of `dst`, which `quantizer` allocated."""
     kind = family(quantizer)
@@ -143,9 +148,9 @@ def logical(tensor, usage: str, dtypes) -> torch.Tensor:
         scale_inv = _first(tensor._scale_inv)
         transpose = getattr(tensor, "_transpose", None)
         if usage == "columnwise" and transpose is not None and not tensor._transpose_invalid:
-            return _decode(_as_2d(transpose), scale_inv, fp8).t()
+            return _decode(_transposed_as_2d(transpose), scale_inv, fp8).t()
         if tensor._data is None:
-            return _decode(_as_2d(transpose), scale_inv, fp8).t()
+            return _decode(_transposed_as_2d(transpose), scale_inv, fp8).t()
         return _decode(_as_2d(tensor._data), scale_inv, fp8)
     rowwise, columnwise = tensor._rowwise_data, tensor._columnwise_data
     use_columnwise = (usage == "columnwise" and columnwise is not None) or rowwise is None
@@ -156,8 +161,9 @@ def logical(tensor, usage: str, dtypes) -> torch.Tensor:
         return _decode(_as_2d(data), scale_inv, fp8)
     if use_columnwise:
         scale_inv = _first(tensor._columnwise_scale_inv)
-        matrix = _decode(_as_2d(columnwise), scale_inv, fp8)
-        return matrix.t() if _block_columnwise_transposed(tensor) else matrix
+        if _block_columnwise_transposed(tensor):
+            return _decode(_transposed_as_2d(columnwise), scale_inv, fp8).t()
+        return _decode(_as_2d(columnwise), scale_inv, fp8)
     return _decode(_as_2d(rowwise), _first(tensor._rowwise_scale_inv), fp8)
 
 
@@ -177,3 +183,17 @@ def logical_shape(tensor) -> tuple[int, ...]:
     if kind == "block" and _block_columnwise_transposed(tensor):
         return (*c[1:], c[0])
     return tuple(c)
+
+
+_BUFFERS = ("_data", "_transpose", "_rowwise_data", "_columnwise_data")
+
+
+def buffer_addresses(tensor) -> set[int]:
+    """Addresses of a quantized tensor's data buffers: TE may keep a different Python object
+    (a wrapper, a view) over the buffers its cast kernel filled."""
+    found = set()
+    for name in _BUFFERS:
+        buffer = getattr(tensor, name, None)
+        if isinstance(buffer, torch.Tensor) and buffer.numel():
+            found.add(buffer.data_ptr())
+    return found
