@@ -32,7 +32,12 @@ def posing() -> bool:
     return _posing
 
 
+_CPU = torch.device("cpu")
+
+
 def _is_cuda_device(device) -> bool:
+    if device is None or device == "cpu" or device is _CPU:
+        return False
     if isinstance(device, int) and not isinstance(device, bool):
         return True
     if isinstance(device, str):

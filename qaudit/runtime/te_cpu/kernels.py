@@ -301,7 +301,7 @@ def create_empty_quantized_tensor(quantizer, shape, dtype, device=None, pin_memo
     declares its buffers, by hand for the delayed-scaling quantizer, which does not."""
     shape = [int(s) for s in shape]
     try:
-        tensors = quantizer.alloc_tensors(shape, device="cpu")
+        tensors = quantizer.alloc_tensors(shape, device=_CPU)
         meta = quantizer.create_metadata(shape, dtype=dtype)
     except NotImplementedError:
         return _float8_by_hand(quantizer, shape, dtype)
@@ -325,8 +325,11 @@ def _float8_by_hand(quantizer, shape, dtype):
     return Float8Tensor(shape=shape, dtype=dtype, requires_grad=False, **kwargs)
 
 
+_CPU = torch.device("cpu")
+
+
 def _allocate(quantizer, shape, dtype):
-    return quantizer.make_empty(list(shape), dtype=dtype, device=torch.device("cpu"))
+    return quantizer.make_empty(list(shape), dtype=dtype, device=_CPU)
 
 
 def quantize(tensor, quantizer, output=None, noop=None):

@@ -91,6 +91,9 @@ def fill(src: torch.Tensor, quantizer, dst, fp8: torch.dtype) -> None:
     """Quantize `src` into the buffers of `dst`, which `quantizer` allocated."""
     kind = family(quantizer)
     src = src.detach()
+    if src.numel() == 0:  # an expert without tokens: nothing to cast, unit scales
+        _fill_empty(dst, kind)
+        return
     if kind == "float8":
         if type(quantizer).__name__ == "Float8Quantizer":  # delayed: TE holds scale and amax
             scale = _first(quantizer.scale)
@@ -126,6 +129,15 @@ def fill(src: torch.Tensor, quantizer, dst, fp8: torch.dtype) -> None:
             columnwise = columnwise.t()
         dst._columnwise_data.copy_(columnwise.reshape(dst._columnwise_data.shape))
         dst._columnwise_scale_inv.fill_(float(1.0 / pow2))
+
+
+def _fill_empty(dst, kind: str) -> None:
+    names = (("_scale_inv",) if kind == "float8" else ("_rowwise_scale_inv", "_columnwise_scale_inv"))
+    unit = 127 if kind == "mxfp8" else 1.0  # E8M0 exponent bias: a scale of 1
+    for name in names:
+        buffer = getattr(dst, name, None)
+        if buffer is not None:
+            buffer.fill_(unit)
 
 
 def _block_columnwise_transposed(storage) -> bool:
