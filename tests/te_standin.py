@@ -132,7 +132,7 @@ def _comparable(report) -> dict:
 
 def config_differences(paths: list[str]) -> dict[str, str]:
     from qaudit.commands.check import audit_config, load_inputs
-    from qaudit.errors import InputError
+    from qaudit.errors import EnvironmentProblem, InputError
     from qaudit.run.options import AuditOptions
 
     out = {}
@@ -144,6 +144,9 @@ def config_differences(paths: list[str]) -> dict[str, str]:
             te = audit_config(config, recipe, AuditOptions(steps=1, microbatches=2, runtime="te"))
         except InputError as exc:
             out[path] = f"refused: {str(exc).splitlines()[0]}"
+            continue
+        except EnvironmentProblem as exc:  # the te runtime cannot run it here: said why
+            out[path] = f"not run on te: {str(exc).splitlines()[0]}"
             continue
         except Exception as exc:  # noqa: BLE001 - reported as a difference
             out[path] = f"DIFFERENCE: te crashed: {type(exc).__name__}: {exc}"

@@ -139,6 +139,12 @@ def test_te_modules_and_checks_match_the_reference(te_dir, tmp_path):
         assert line.startswith(("nvfp4", "blockwise")), line
     differing = {p: v for p, v in result["configs"].items() if v.startswith("DIFFERENCE")}
     assert differing == {}
+    # A config the te runtime cannot run here says why: a recipe not stood in, or one TE
+    # itself refuses on the posed GPU.
+    for path, verdict in result["configs"].items():
+        if verdict.startswith("not run on te"):
+            assert "NVFP4" in verdict or "Float8BlockScaling" in verdict, (path, verdict)
     compared = [p for p, v in result["configs"].items() if v == "same"]
-    assert set(bundled) <= set(compared)
+    assert set(bundled) - set(compared) <= {p for p, v in result["configs"].items()
+                                            if v.startswith("not run on te")}
     assert not newest or len(compared) - len(bundled) >= 60 or not CORPUS.is_dir()
