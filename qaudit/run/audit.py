@@ -4,11 +4,11 @@ recorded; what it leaves (`AuditRun`) is the judge's evidence."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from qaudit.errors import InputError
+from qaudit.errors import EnvironmentProblem, InputError
 from qaudit.load.config import ModelConfig
 from qaudit.load.recipe import QuantRecipe, import_custom_factory
 from qaudit.model.gpt import GPTModel, build_model
@@ -61,6 +61,21 @@ def effective_policy(options: AuditOptions) -> TrackingPolicy:
 
 def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
               policy_name: str | None = None) -> AuditRun:
+    try:
+        return _run_audit(config, recipe, options, policy_name)
+    except EnvironmentProblem as exc:
+        # --runtime auto chose te (e.g. TE's Python on the CPU stand-in), and TE cannot run a
+        # recipe of this config here: the reference audits it, and its runtime line says why.
+        if options.runtime != "auto" or not str(exc).startswith("--runtime te: ") \
+                or options.world is not None:
+            raise
+        run = _run_audit(config, recipe, replace(options, runtime="reference"), policy_name)
+        run.session.runtime.note = f"te not used: {str(exc)[len('--runtime te: '):]}"
+        return run
+
+
+def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
+               policy_name: str | None = None) -> AuditRun:
     policy = POLICIES[policy_name] if policy_name else effective_policy(options)
 
     te = te_target(options)
