@@ -442,20 +442,14 @@ def _eps_from(xf: torch.Tensor, mu, rsigma) -> float:
 
 
 def rmsnorm_bwd(dy, x, rsigma, gamma, sm_margin, zero_centered_gamma, *args):
-    width = x.shape[-1]
     r = rsigma.detach().float().reshape(*x.shape[:-1], 1)
+    eps = _rms_eps(x.float(), r)
 
-    def forward(xf, g):
-        return xf * r * _gamma(g, zero_centered_gamma)
-
-    # rsigma depends on x too; recompute it instead of holding it fixed.
-    def forward_full(xf, g):
-        return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + _rms_eps(xf, r)) * \
+    def forward(xf, g):  # rsigma depends on x too: recomputed, not held fixed
+        return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * \
             _gamma(g, zero_centered_gamma)
 
-    dx, dgamma = _norm_backward(forward_full, dy, x, [gamma])
-    del forward, width
-    return dx, dgamma
+    return tuple(_norm_backward(forward, dy, x, [gamma]))
 
 
 def _rms_eps(xf: torch.Tensor, r: torch.Tensor) -> float:
