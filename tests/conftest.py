@@ -39,7 +39,8 @@ def _auto_runtime_is_reference(request, monkeypatch):
 
         if importlib.util.find_spec("transformer_engine") is not None:
             monkeypatch.setattr("qaudit.runtime.te_unavailable_reason",
-                                lambda: "pinned to reference for the CPU test suite")
+                                lambda device=None: "pinned to reference for the CPU test suite")
+            monkeypatch.setattr("qaudit.runtime.te_installed", lambda: False)
 
 
 def pytest_addoption(parser):

@@ -281,3 +281,52 @@ def test_a_real_te_without_cuda_is_never_shadowed(megatron, monkeypatch, capsys)
                                     "--cross-check")
     assert code == 3 and not out
     assert "real Transformer Engine is installed but CUDA is not usable" in err
+
+
+# --- defects of the cross-check's own stand-ins, found by the corpus sweep -------------------
+
+def test_fp8_output_proj_with_mxfp8_is_not_a_false_rejection(megatron, monkeypatch, capsys,
+                                                           write_yaml):
+    """Megatron's TE output layer reads the TE Linear's `tp_size`: the stand-in keeps it, so
+    0.19.2 builds this config (a stand-in without it made every such config a QA030)."""
+    path = write_yaml("lmhead.yaml", """\
+        num_layers: 2
+        hidden_size: 64
+        num_attention_heads: 4
+        fp8: hybrid
+        fp8_recipe: mxfp8
+        fp8_output_proj: true
+        share_embeddings_and_output_weights: false
+        """)
+    code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
+    result = report["cross_check"]
+    assert result["ran"], result
+    assert result["differences"] == []
+    assert "QA030" not in {f["rule"] for f in report["findings"]}
+
+
+def test_a_megatron_module_importing_triton_at_its_top_is_served_as_kernels(tmp_path,
+                                                                           monkeypatch):
+    """Megatron main's Mamba kernels live in new places: any Megatron module whose source
+    imports triton at its top level is served as a kernel module, found by reading it."""
+    import importlib
+
+    from qaudit.crosscheck import environment
+
+    package = tmp_path / "megatron" / "core" / "ssm" / "ops" / "mamba2"
+    package.mkdir(parents=True)
+    for folder in (tmp_path / "megatron", tmp_path / "megatron" / "core",
+                   tmp_path / "megatron" / "core" / "ssm", tmp_path / "megatron" / "core" / "ssm" / "ops",
+                   package):
+        (folder / "__init__.py").write_text("")
+    (package / "ssd_new.py").write_text("import triton\nimport triton.language as tl\n")
+    (package / "guarded.py").write_text("try:\n    import triton\nexcept ImportError:\n    triton = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in list(sys.modules):
+        if name == "megatron" or name.startswith("megatron."):
+            monkeypatch.delitem(sys.modules, name)
+    with environment._triton_kernel_finder():
+        kernels = importlib.import_module("megatron.core.ssm.ops.mamba2.ssd_new")
+        guarded = importlib.import_module("megatron.core.ssm.ops.mamba2.guarded")
+    assert getattr(kernels, "__qaudit_standin__", False)
+    assert guarded.triton is None  # a guarded import runs as written

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
+import re
 import os
 import sys
 import types
@@ -25,7 +28,10 @@ from qaudit.errors import EnvironmentProblem
 
 # Megatron modules that import triton unconditionally at their top and that the GPT/MoE build
 # imports (their kernels are never called on the cross-check's path): replaced by empty
-# modules. A fake `triton` package instead would make torch's inductor try to use it.
+# modules. A fake `triton` package instead would make torch's inductor try to use it. These
+# are 0.19.2's; Megatron main moved its Mamba kernels (ssm/ops/mamba2/, ssm/ops/common/), so
+# any other Megatron module whose source imports triton at its top level is found by
+# `_TritonKernelFinder` when imported.
 TRITON_MODULES = (
     "megatron.core.transformer.moe.ops.paged_stash",
     "megatron.core.ssm.ops.ssd_bmm",
@@ -35,6 +41,45 @@ TRITON_MODULES = (
     "megatron.core.ssm.ops.ssd_combined",
     "megatron.core.ssm.ops.causal_conv1d_varlen",
 )
+_TOP_LEVEL_TRITON = re.compile(rb"^(?:import triton\b|from triton[ .])", re.MULTILINE)
+
+
+class _TritonKernelFinder(importlib.abc.MetaPathFinder):
+    """Serves a Megatron module whose source imports triton at its top level as a module of
+    kernels that raise NotOnCPU when called (`_kernel_module`); the source is read, never run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if not name.startswith("megatron.") or importlib.util.find_spec("triton") is not None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        origin = getattr(spec, "origin", None) if spec is not None else None
+        if not origin or not origin.endswith(".py") or spec.submodule_search_locations:
+            return None
+        try:
+            with open(origin, "rb") as source:
+                if not _TOP_LEVEL_TRITON.search(source.read()):
+                    return None
+        except OSError:
+            return None
+        return importlib.machinery.ModuleSpec(name, _KernelLoader())
+
+
+class _KernelLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return _kernel_module(spec.name)
+
+    def exec_module(self, module) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _triton_kernel_finder() -> Iterator[None]:
+    finder = _TritonKernelFinder()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
 
 
 def wgrad_gemm_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor,
@@ -171,6 +216,9 @@ def _cpu_cuda_answers() -> contextlib.ExitStack:
     stack.enter_context(_patched(torch.cuda, "current_stream", lambda *a, **k: _CURRENT_STREAM))
     stack.enter_context(_patched(torch.cuda, "stream",
                                  lambda *a, **k: contextlib.nullcontext()))
+    # Megatron's TE output layer marks its forward with NVTX ranges; the CPU build has none.
+    for name in ("range_push", "range_pop"):
+        stack.enter_context(_patched(torch.cuda.nvtx, name, lambda *a, **k: None))
     return stack
 
 
@@ -280,6 +328,7 @@ def upstream_environment(use_real_te: bool = False, allow_import: bool = False) 
         with contextlib.ExitStack() as stack, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             stack.enter_context(_sys_modules(stubs))
+            stack.enter_context(_triton_kernel_finder())
             if not use_real_te:
                 stack.enter_context(_cpu_cuda_answers())
             stack.enter_context(_typing_override())

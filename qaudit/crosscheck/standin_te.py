@@ -236,6 +236,9 @@ class Linear(_Recorded):
         super().__init__(fuse_wgrad_accumulation, params_dtype)
         self.in_features, self.out_features = in_features, out_features
         self.parallel_mode, self.return_bias, self.use_bias = parallel_mode, return_bias, bias
+        # TE keeps these, and Megatron reads them back (TELMHeadColumnParallelLinear divides
+        # its output size by `self.tp_size`).
+        self.tp_size, self.tp_group, self.sequence_parallel = tp_size, tp_group, sequence_parallel
         self.weight = torch.nn.Parameter(torch.empty(out_features, in_features, dtype=self._dtype))
         _init(self.weight, init_method)
         self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=self._dtype)) if bias else None
@@ -290,6 +293,7 @@ class GroupedLinear(_Recorded):
         super().__init__(fuse_wgrad_accumulation, params_dtype)
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.parallel_mode, self.return_bias, self.use_bias = parallel_mode, return_bias, bias
+        self.tp_size, self.tp_group, self.sequence_parallel = tp_size, tp_group, sequence_parallel
         self.single_grouped_weight = self.single_grouped_bias = True
         self.weight = torch.nn.Parameter(
             torch.empty(num_gemms, out_features, in_features, dtype=self._dtype))

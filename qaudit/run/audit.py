@@ -4,11 +4,11 @@ recorded; what it leaves (`AuditRun`) is the judge's evidence."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from qaudit.errors import InputError
+from qaudit.errors import EnvironmentProblem, InputError
 from qaudit.load.config import ModelConfig
 from qaudit.load.recipe import QuantRecipe, import_custom_factory
 from qaudit.model.gpt import GPTModel, build_model
@@ -67,13 +67,23 @@ def effective_policy(options: AuditOptions) -> TrackingPolicy:
 def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
               policy_name: str | None = None) -> AuditRun:
     try:
-        return _run_audit(config, recipe, options, policy_name)
+        try:
+            return _run_audit(config, recipe, options, policy_name)
+        except EnvironmentProblem as exc:
+            # --runtime auto chose te (e.g. TE's Python on the CPU stand-in), and TE cannot run a
+            # recipe of this config here: the reference audits it, and its runtime line says why.
+            if options.runtime != "auto" or not str(exc).startswith("--runtime te: ") \
+                    or options.world is not None:
+                raise
+            run = _run_audit(config, recipe, replace(options, runtime="reference"), policy_name)
+            run.session.runtime.note = f"te not used: {str(exc)[len('--runtime te: '):]}"
+            return run
     finally:
         _allow_numpy_import_again()
 
 
 def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptions,
-               policy_name: str | None) -> AuditRun:
+               policy_name: str | None = None) -> AuditRun:
     policy = POLICIES[policy_name] if policy_name else effective_policy(options)
 
     te = te_target(options)
@@ -200,8 +210,11 @@ def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget,
         raise InputError(f"--te {te.version} names the TE behaviour the reference runtime "
                          "models; --runtime te runs the installed Transformer Engine (leave "
                          "--te at auto, or use --runtime reference)")
+    note = ""
     if name == "auto" and (needs_reference or te.source == "named"):
         name = "reference"
+        note = (f"te not used: {needs_reference[0]} is modelled by the reference runtime only"
+                if needs_reference else f"te not used: --te {te.version} names a modelled TE")
     if name == "te" and needs_reference:
         key = needs_reference[0]
         what = "primary quantized weights (the recipe's fp8_param)" if key == "quant_recipe" \
@@ -210,7 +223,8 @@ def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget,
                          "docs/te-settings.md); use --runtime reference",
                          file=config.file, line=config.line_of(key), key=key)
     runtime = select_runtime(name, options.device,
-                             reads_overwrite_main_grad=te.behaviour.reads_overwrite_main_grad)
+                             reads_overwrite_main_grad=te.behaviour.reads_overwrite_main_grad,
+                             fallback_note=note)
     if isinstance(runtime, ReferenceRuntime):
         # Values matter only where they are compared (--verify); fake quantization is most
         # of the reference runtime's own work, and no row or verdict depends on it.

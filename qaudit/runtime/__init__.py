@@ -1,5 +1,7 @@
 """Runtimes: the one seam between CPU and GPU (docs/design.md): `reference` (pure PyTorch, CPU or
-CUDA) and `te` (Transformer Engine, CUDA; qaudit/runtime/te.py, imported only when chosen)."""
+CUDA) and `te` (Transformer Engine's own modules: on CUDA with its kernels, or on the CPU with
+qaudit's kernel stand-in, qaudit/runtime/te_cpu; qaudit/runtime/te.py, imported only when
+chosen)."""
 
 from __future__ import annotations
 
@@ -12,48 +14,81 @@ RUNTIME_CHOICES = ("auto", "reference", "te")
 DEVICE_CHOICES = ("cpu", "cuda")
 
 
-def te_unavailable_reason() -> str:
-    """Why the te runtime cannot run here, in one line; "" when it can."""
-    if importlib.util.find_spec("transformer_engine") is None:
-        return ("Transformer Engine is not installed (on a machine with an NVIDIA GPU and CUDA: "
-                "pip install \"qaudit[te]\"; see docs/gpu.md)")
-    import torch
+def te_installed() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None
 
-    if not torch.cuda.is_available():
-        build = torch.version.cuda or "none (a CPU-only torch build)"
-        return ("Transformer Engine is installed but needs CUDA, and no CUDA device is visible "
-                f"(torch {torch.__version__}, CUDA build {build})")
+
+def te_unavailable_reason(device: str | None = None) -> str:
+    """Why the te runtime cannot run here, in one line; "" when it can. With a visible CUDA
+    device (and --device not cpu) TE runs on its own kernels; without one, TE's Python runs
+    on qaudit's CPU kernel stand-in (qaudit/runtime/te_cpu, docs/te-runtime.md) when the
+    stand-in serves that TE release."""
+    if not te_installed():
+        return ("Transformer Engine is not installed (on a machine with an NVIDIA GPU and CUDA: "
+                "pip install \"qaudit[te]\"; without one, TE's pure-Python package runs on "
+                "qaudit's CPU kernel stand-in; see docs/te-runtime.md)")
+    if _uses_stand_in(device):
+        from qaudit.runtime import te_cpu
+
+        reason = te_cpu.unsupported_reason(te_cpu.te_version())
+        if reason:
+            return f"no CUDA device is visible, and {reason}"
+        try:
+            te_cpu.boot()
+        except Exception as exc:  # noqa: BLE001 - a broken install is reported, not raised
+            return f"Transformer Engine does not import on the {te_cpu.STAND_IN}: {_first_line(exc)}"
+        return ""
     try:
         importlib.import_module("transformer_engine.pytorch")
     except Exception as exc:  # noqa: BLE001 - a broken install is reported, not raised
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return f"Transformer Engine does not import: {type(exc).__name__}: {detail}"
+        return f"Transformer Engine does not import: {_first_line(exc)}"
     return ""
 
 
-def select_runtime(name: str, device: str | None = None, reads_overwrite_main_grad: bool = True):
-    """The runtime `name` on `device` (None: te on CUDA, reference on CPU).
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
 
-    `auto` is te when Transformer Engine imports and CUDA is visible (and --device is not cpu),
-    else reference; the report's runtime line says which. te without TE or CUDA is an
-    EnvironmentProblem (exit 3); te with --device cpu is bad usage (exit 2).
+
+def _uses_stand_in(device: str | None) -> bool:
+    """TE's kernels are stood in when no real CUDA device is visible or the CPU is asked for."""
+    from qaudit.runtime.te_cpu import host
+
+    return device == "cpu" or not host.real_cuda_available()
+
+
+def select_runtime(name: str, device: str | None = None, reads_overwrite_main_grad: bool = True,
+                   fallback_note: str = ""):
+    """The runtime `name` on `device` (None: te on CUDA, or on the CPU stand-in).
+
+    `auto` is te when Transformer Engine's Python imports (on CUDA, or on the CPU stand-in for
+    a release it serves), else reference; when TE is installed but not used, the reference's
+    runtime line says why. te that cannot run is an EnvironmentProblem (exit 3).
     """
     if name not in RUNTIME_CHOICES:
         raise ValueError(f"unknown runtime {name!r}")
     if device is not None and device not in DEVICE_CHOICES:
         raise ValueError(f"unknown device {device!r}")
     if name == "auto":
-        name = "te" if device != "cpu" and not te_unavailable_reason() else "reference"
+        if te_installed():
+            reason = te_unavailable_reason(device)
+            if reason:
+                fallback_note = fallback_note or f"te not used: {reason}"
+            else:
+                name = "te"
+        if name == "auto":
+            name = "reference"
     if name == "te":
-        if device == "cpu":
-            raise InputError("--runtime te runs on CUDA only; --device cpu is for the reference "
-                             "runtime")
-        reason = te_unavailable_reason()
+        reason = te_unavailable_reason(device)
         if reason:
             raise EnvironmentProblem(f"--runtime te: {reason}")
         from qaudit.runtime.te import TERuntime
 
         try:
+            if _uses_stand_in(device):
+                from qaudit.runtime.te_cpu import kernels
+
+                return TERuntime(device="cpu", kernels=kernels)
             return TERuntime()
         except (ImportError, AttributeError) as exc:
             raise EnvironmentProblem(f"--runtime te: this Transformer Engine lacks an API qaudit "
@@ -64,4 +99,7 @@ def select_runtime(name: str, device: str | None = None, reads_overwrite_main_gr
         if not torch.cuda.is_available():
             raise EnvironmentProblem("--device cuda: no CUDA device is visible to torch "
                                      f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")
-    return ReferenceRuntime(device or "cpu", reads_overwrite_main_grad)
+    runtime = ReferenceRuntime(device or "cpu", reads_overwrite_main_grad)
+    if fallback_note and te_installed():
+        runtime.note = fallback_note
+    return runtime

@@ -371,6 +371,7 @@ class ReferenceRuntime:
     (v2.9+, qaudit/plan/upstream/te.py)."""
 
     name = "reference"
+    note = ""  # why an installed Transformer Engine was not used (--runtime auto)
 
     def __init__(self, device: str = "cpu", reads_overwrite_main_grad: bool = True,
                  numerics: bool = True) -> None:
@@ -380,7 +381,8 @@ class ReferenceRuntime:
 
     @property
     def description(self) -> str:
-        return f"reference ({self.device.upper()})"
+        note = f"; {self.note}" if self.note else ""
+        return f"reference ({self.device.upper()}{note})"
 
     def _configured(self, module: _ReferenceModule) -> _ReferenceModule:
         module.reads_overwrite_main_grad = self.reads_overwrite_main_grad

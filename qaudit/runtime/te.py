@@ -53,6 +53,9 @@ from qaudit.runtime.wgrad import (WgradRule, documented_rule, measure_wgrad_rule
                                   observe_wgrad, rule_differences)
 
 PARAMS_DTYPE = torch.float32
+_POSED = "10.0"
+# Recipes whose casts qaudit's CPU kernel stand-in provides (qaudit/runtime/te_cpu/storage.py).
+STOOD_IN_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")  # qaudit/runtime/te_cpu/host.py POSED_CAPABILITY
 MODULE_KINDS = ("linear", "layernorm_linear", "grouped_linear")
 
 
@@ -223,13 +226,99 @@ def _run(module: torch.nn.Module, base: Callable, x: torch.Tensor,
     restore = None
     if align is not None:
         x, splits, restore = _pad_rows(x, splits, align)
-    out = base(x, splits)
+    casts = _watch_weight_casts(module) if runtime.kernels is not None else None
+    try:
+        out = base(x, splits)
+    finally:
+        if casts is not None:
+            module.observed_cache = casts.finish()
     if restore is not None:
         out = restore(out)
     listener = module.wgrad_listener
     if listener is not None:
-        out = observe_wgrad(out, listener, runtime.decision(module, flag))
+        if runtime.kernels is not None:
+            out = _observe_wgrad_gemm(out, listener, module, runtime.kernels)
+        else:
+            out = observe_wgrad(out, listener, runtime.decision(module, flag))
     return out
+
+
+class _WeightCasts:
+    """Which casts of a module's weights one forward ran, through the stand-in's cast
+    kernel: none is a reuse of TE's cached quantized weight, a cast into the buffer TE keeps
+    in `_fp8_workspaces` (or that TE keeps afterwards) a refresh, any other a fresh cast."""
+
+    def __init__(self, module: torch.nn.Module, kernels: Any) -> None:
+        self.module, self.kernels = module, kernels
+        self.weights = _weights_of(module)
+        self.outputs: list[object] = []
+        for weight in self.weights:
+            kernels.watch_casts(weight, self.outputs.append)
+
+    def finish(self) -> str | None:
+        for weight in self.weights:
+            self.kernels.watch_casts(weight, None)
+        if not self.outputs:
+            return "reuse" if _is_quantized(self.module) else None
+        from qaudit.runtime.te_cpu.storage import buffer_addresses
+
+        kept = set()
+        for workspace in getattr(self.module, "_fp8_workspaces", {}).values():
+            kept |= buffer_addresses(workspace)
+        cast = set()
+        for out in self.outputs:
+            cast |= buffer_addresses(out)
+        return "refresh" if cast & kept else "fresh"
+
+
+def _is_quantized(module: torch.nn.Module) -> bool:
+    return bool(getattr(module, "fp8", False) or getattr(module, "fp8_calibration", False))
+
+
+def _watch_weight_casts(module: torch.nn.Module) -> _WeightCasts:
+    module.observed_cache = None
+    return _WeightCasts(module, module._qaudit_runtime.kernels)
+
+
+def _weights_of(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    return [p for name, p in module.named_parameters() if name.startswith("weight")]
+
+
+class _WgradGemmProbe(torch.autograd.Function):
+    """Identity on a TE module's output. Its backward runs just before the module's own and
+    arms the stand-in to report the `accumulate` flag of the GEMM that next writes one of
+    the module's `main_grad` buffers: TE's own wgrad decision, taken by TE's Python."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, arm: Callable[[], None]) -> torch.Tensor:
+        ctx.arm = arm
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.arm()
+        return grad, None
+
+
+def _observe_wgrad_gemm(out: torch.Tensor, listener: Callable[[str], None],
+                        module: torch.nn.Module, kernels: Any) -> torch.Tensor:
+    if not torch.is_grad_enabled() or not out.requires_grad:
+        return out
+    fused = bool(module.fuse_wgrad_accumulation)
+
+    def arm() -> None:
+        weights = [w for w in _weights_of(module) if w.requires_grad]
+        if not weights:
+            return  # a frozen weight: TE runs no wgrad GEMM
+        if not fused:
+            listener("autograd")  # TE returns the wgrad to autograd: no main_grad GEMM
+            return
+        buffers = [w.main_grad for w in weights if getattr(w, "main_grad", None) is not None]
+        if buffers:
+            kernels.expect_write(buffers, lambda accumulate: listener(
+                "accumulate" if accumulate else "overwrite"))
+
+    return _WgradGemmProbe.apply(out, arm)
 
 
 _CLASSES: dict[tuple[type, ...], dict[str, type]] = {}
@@ -282,9 +371,13 @@ class TERuntime:
 
     name = "te"
 
-    def __init__(self, api: TEApi | None = None, device: str = "cuda") -> None:
+    def __init__(self, api: TEApi | None = None, device: str = "cuda",
+                 kernels: Any = None) -> None:
+        """`kernels`: qaudit's CPU kernel stand-in module when TE's own kernels are not
+        there (qaudit/runtime/te_cpu); None on a GPU with the real extension."""
         self.api = api if api is not None else TEApi.load()
         self.device = device
+        self.kernels = kernels
         self._classes = _probed_classes(self.api.pytorch)
         self._recipes: dict[Quant, Any] = {}
         self._quant_of: dict[tuple[type, Any], Quant] = {}
@@ -296,6 +389,9 @@ class TERuntime:
 
     @property
     def description(self) -> str:
+        if self.kernels is not None:
+            return (f"te (TE {self.api.version} Python on CPU, kernels: qaudit CPU stand-in; "
+                    f"posing as compute capability {_POSED})")
         return f"te (CUDA, TE {self.api.version})"
 
     # -- modules ------------------------------------------------------------------------
@@ -311,7 +407,10 @@ class TERuntime:
         return self._module("grouped_linear", (num_gemms, in_features, out_features), fuse)
 
     def _module(self, kind: str, shape: tuple[int, ...], fuse: bool) -> torch.nn.Module:
-        self.wgrad_rule(kind)  # measure TE's behaviour before the first real module of a kind
+        if self.kernels is None:
+            # Real kernels report nothing: measure TE's behaviour once per module class.
+            # On the stand-in each backward's wgrad GEMM reports its own decision.
+            self.wgrad_rule(kind)
         return self._construct(kind, shape, fuse)
 
     def _construct(self, kind: str, shape: tuple[int, ...], fuse: bool) -> torch.nn.Module:
@@ -406,6 +505,11 @@ class TERuntime:
                 f"--runtime te: recipe {quant.label} needs Transformer Engine's {spec.te_class} "
                 f"(TE {spec.since} or newer), and TE {self.api.version} has none; upgrade TE or "
                 f"use --runtime reference")
+        if self.kernels is not None and quant.recipe not in STOOD_IN_RECIPES:
+            raise EnvironmentProblem(
+                f"--runtime te: recipe {quant.label} ({spec.te_class}) has no cast kernel in "
+                f"qaudit's CPU stand-in for TE's kernels (docs/te-runtime.md); audit it with "
+                f"--runtime reference, or on a GPU")
         self._check_gpu(quant, spec)
         if quant.recipe == "nvfp4":
             recipe = cls()

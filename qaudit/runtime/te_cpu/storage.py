@@ -1,0 +1,211 @@
+"""Writing and reading the buffers of TE's quantized tensors on the CPU.
+
+TE's Python allocates a quantized tensor's buffers (FP8 bytes, scale inverses, a transpose)
+and hands them to its cast kernel to fill; its GEMM then reads them. The stand-in plays both
+kernels, so the only contract is with itself: what `fill` writes, `logical` reads back. The
+buffer shapes are TE's own (its quantizers allocate them); the values are the stand-in's:
+
+- per-tensor FP8 (delayed and current scaling): the scale TE's quantizer holds (delayed) or
+  amax-derived (current), E4M3/E5M2 bytes, the transpose where TE asked for one;
+- MXFP8 and Float8 block scaling: one power-of-two scale for the whole tensor written into
+  every entry of TE's block-scale buffer. Real kernels scale per 32-element or 128-element
+  block; the audit reads decisions, not bits (docs/te-runtime.md, "limits").
+
+NVFP4 is not stood in: `fill` refuses it with one line naming it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+
+
+class NotStoodIn(NotImplementedError):
+    """A TE kernel or format the CPU stand-in does not provide."""
+
+
+def family(quantizer) -> str:
+    name = type(quantizer).__name__
+    if name in ("Float8Quantizer", "Float8CurrentScalingQuantizer"):
+        return "float8"
+    if name == "MXFP8Quantizer":
+        return "mxfp8"
+    if name == "Float8BlockQuantizer":
+        return "block"
+    raise NotStoodIn(f"the qaudit CPU stand-in has no cast kernel for TE's {name}")
+
+
+def storage_family(tensor) -> str | None:
+    """Which quantized storage `tensor` is (None for a plain tensor)."""
+    if isinstance(tensor, torch.Tensor) and not hasattr(tensor, "_quantizer"):
+        return None
+    if hasattr(tensor, "_transpose") and hasattr(tensor, "_data"):
+        return "float8"
+    if hasattr(tensor, "_is_2D_scaled"):
+        return "block"
+    if hasattr(tensor, "_rowwise_data") and "MXFP8" in type(tensor).__name__:
+        return "mxfp8"
+    if hasattr(tensor, "_rowwise_data"):
+        raise NotStoodIn(f"the qaudit CPU stand-in cannot read TE's {type(tensor).__name__}")
+    return None
+
+
+def _encode(x: torch.Tensor, scale: float | torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
+    limit = FP8_MAX[fp8]
+    return (x.float() * scale).clamp_(-limit, limit).to(fp8).view(torch.uint8)
+
+
+def _decode(data: torch.Tensor, scale_inv: float | torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
+    return data.view(fp8).float() * scale_inv
+
+
+def _amax(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().abs().amax().float() if x.numel() else torch.zeros((), dtype=torch.float32)
+
+
+def _current_scale(amax: torch.Tensor, fp8: torch.dtype, pow2: bool, epsilon: float) -> torch.Tensor:
+    amax = torch.clamp(amax, min=epsilon) if epsilon else amax
+    scale = torch.where(amax > 0, FP8_MAX[fp8] / amax, torch.ones_like(amax))
+    if pow2:
+        scale = torch.exp2(torch.floor(torch.log2(scale)))
+    return scale
+
+
+def _first(buffer: torch.Tensor, default: float = 1.0) -> torch.Tensor:
+    """The one scale the stand-in writes per buffer (an empty tensor has an empty buffer)."""
+    flat = buffer.reshape(-1)
+    return flat[0].float() if flat.numel() else torch.tensor(default)
+
+
+def _as_2d(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1]) if x.dim() != 2 else x
+
+
+def _transposed_as_2d(x: torch.Tensor) -> torch.Tensor:
+    """A transposed buffer [last, *rest] as the matrix [last, rows]."""
+    return x.reshape(x.shape[0], -1) if x.dim() != 2 else x
+
+
+def fill(src: torch.Tensor, quantizer, dst, fp8: torch.dtype) -> None:
+    """Quantize `src` into the buffers of `dst`, which `quantizer` allocated."""
+    kind = family(quantizer)
+    src = src.detach()
+    if src.numel() == 0:  # an expert without tokens: nothing to cast, unit scales
+        _fill_empty(dst, kind)
+        return
+    if kind == "float8":
+        if type(quantizer).__name__ == "Float8Quantizer":  # delayed: TE holds scale and amax
+            scale = _first(quantizer.scale)
+            if quantizer.amax.numel():
+                quantizer.amax.reshape(-1)[0:1].copy_(_amax(src))
+        else:
+            scale = _current_scale(_amax(src), fp8, bool(getattr(quantizer, "force_pow_2_scales", False)),
+                                   float(getattr(quantizer, "amax_epsilon", 0.0)))
+        data = _encode(src, scale, fp8)
+        if dst._data is not None:
+            dst._data.copy_(data.reshape(dst._data.shape))
+        if getattr(dst, "_transpose", None) is not None:
+            dst._transpose.copy_(_as_2d(data).t().reshape(dst._transpose.shape))
+            dst._transpose_invalid = False
+        dst._scale_inv.copy_((1.0 / scale).reshape(()).expand_as(dst._scale_inv))
+        return
+    pow2 = _current_scale(_amax(src), fp8, True, 0.0)
+    data = _encode(src, pow2, fp8)
+    if kind == "mxfp8":
+        exponent = (127 - torch.log2(pow2)).round().clamp(0, 254).to(torch.uint8)
+        for buffer, scales in ((dst._rowwise_data, dst._rowwise_scale_inv),
+                               (dst._columnwise_data, dst._columnwise_scale_inv)):
+            if buffer is not None:
+                buffer.copy_(data.reshape(buffer.shape))
+                scales.fill_(int(exponent))
+        return
+    if dst._rowwise_data is not None:
+        dst._rowwise_data.copy_(data.reshape(dst._rowwise_data.shape))
+        dst._rowwise_scale_inv.fill_(float(1.0 / pow2))
+    if dst._columnwise_data is not None:
+        columnwise = _as_2d(data)
+        if _block_columnwise_transposed(dst):
+            columnwise = columnwise.t()
+        dst._columnwise_data.copy_(columnwise.reshape(dst._columnwise_data.shape))
+        dst._columnwise_scale_inv.fill_(float(1.0 / pow2))
+
+
+def _fill_empty(dst, kind: str) -> None:
+    names = (("_scale_inv",) if kind == "float8" else ("_rowwise_scale_inv", "_columnwise_scale_inv"))
+    unit = 127 if kind == "mxfp8" else 1.0  # E8M0 exponent bias: a scale of 1
+    for name in names:
+        buffer = getattr(dst, name, None)
+        if buffer is not None:
+            buffer.fill_(unit)
+
+
+def _block_columnwise_transposed(storage) -> bool:
+    fmt = getattr(storage, "_data_format", None)
+    return fmt is None or "COMPACT" not in str(getattr(fmt, "name", fmt))
+
+
+def _fp8_of(storage, dtypes) -> torch.dtype:
+    return dtypes[int(storage._fp8_dtype)]
+
+
+def logical(tensor, usage: str, dtypes) -> torch.Tensor:
+    """`tensor` as a float32 matrix [rows, last dim], read from the buffer `usage` selects
+    ("rowwise" or "columnwise", as TE's GEMM picks it per operand and layout)."""
+    kind = storage_family(tensor)
+    if kind is None:
+        return _as_2d(tensor.float() if tensor.dtype != torch.float32 else tensor)
+    fp8 = _fp8_of(tensor, dtypes)
+    if kind == "float8":
+        scale_inv = _first(tensor._scale_inv)
+        transpose = getattr(tensor, "_transpose", None)
+        if usage == "columnwise" and transpose is not None and not tensor._transpose_invalid:
+            return _decode(_transposed_as_2d(transpose), scale_inv, fp8).t()
+        if tensor._data is None:
+            return _decode(_transposed_as_2d(transpose), scale_inv, fp8).t()
+        return _decode(_as_2d(tensor._data), scale_inv, fp8)
+    rowwise, columnwise = tensor._rowwise_data, tensor._columnwise_data
+    use_columnwise = (usage == "columnwise" and columnwise is not None) or rowwise is None
+    if kind == "mxfp8":
+        data, scales = ((columnwise, tensor._columnwise_scale_inv) if use_columnwise
+                        else (rowwise, tensor._rowwise_scale_inv))
+        scale_inv = torch.exp2(_first(scales, 127.0) - 127)
+        return _decode(_as_2d(data), scale_inv, fp8)
+    if use_columnwise:
+        scale_inv = _first(tensor._columnwise_scale_inv)
+        if _block_columnwise_transposed(tensor):
+            return _decode(_transposed_as_2d(columnwise), scale_inv, fp8).t()
+        return _decode(_as_2d(columnwise), scale_inv, fp8)
+    return _decode(_as_2d(rowwise), _first(tensor._rowwise_scale_inv), fp8)
+
+
+def logical_shape(tensor) -> tuple[int, ...]:
+    """The shape TE's quantized tensor stands for."""
+    if isinstance(tensor, torch.Tensor):
+        return tuple(tensor.shape)
+    kind = storage_family(tensor)
+    if kind == "float8":
+        if tensor._data is not None:
+            return tuple(tensor._data.shape)
+        t = tensor._transpose.shape
+        return (*t[1:], t[0])
+    if tensor._rowwise_data is not None:
+        return tuple(tensor._rowwise_data.shape)
+    c = tensor._columnwise_data.shape
+    if kind == "block" and _block_columnwise_transposed(tensor):
+        return (*c[1:], c[0])
+    return tuple(c)
+
+
+_BUFFERS = ("_data", "_transpose", "_rowwise_data", "_columnwise_data")
+
+
+def buffer_addresses(tensor) -> set[int]:
+    """Addresses of a quantized tensor's data buffers: TE may keep a different Python object
+    (a wrapper, a view) over the buffers its cast kernel filled."""
+    found = set()
+    for name in _BUFFERS:
+        buffer = getattr(tensor, name, None)
+        if isinstance(buffer, torch.Tensor) and buffer.numel():
+            found.add(buffer.data_ptr())
+    return found

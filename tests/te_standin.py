@@ -1,0 +1,180 @@
+"""TE's own modules on qaudit's CPU kernel stand-in against the reference runtime.
+
+Run as a script in a process whose sys.path holds one TE release's Python (one TE per
+process: its modules cannot be unloaded): `python tests/te_standin.py OUT.json [CONFIG...]`.
+It writes {"te": version, "cases": n, "differences": [...], "configs": {...}} where every
+difference is one line. tests/test_te_standin.py runs it per fetched release.
+
+Cases: module kind x recipe x (is_first_microbatch of call 1, of call 2) x (one backward
+over both calls, or a backward after each) x fusion x overwrite_main_grad. Per call: the
+weight-cache use (TE's: observed through the stand-in's cast kernel) and per backward the
+wgrad decision (TE's: the accumulate flag of the GEMM writing main_grad), against the
+reference runtime's on the same sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from qaudit.load.precision import Quant  # noqa: E402
+from qaudit.runtime import select_runtime  # noqa: E402
+from qaudit.runtime.reference import ReferenceRuntime  # noqa: E402
+
+RECIPES = {"bf16": None, "delayed": Quant("fp8", "delayed"), "tensorwise": Quant("fp8", "tensorwise"),
+           "mxfp8": Quant("fp8", "mxfp8"), "blockwise": Quant("fp8", "blockwise"),
+           "nvfp4": Quant("fp4", "nvfp4")}
+FLAGS = (True, False, None)
+KINDS = ("linear", "layernorm_linear", "grouped_linear")
+WIDTH, ROWS, EXPERTS = 64, 64, 2
+
+
+def _build(runtime, kind: str, fuse: bool, overwrite: bool) -> torch.nn.Module:
+    if kind == "grouped_linear":
+        module = runtime.grouped_linear(EXPERTS, WIDTH, WIDTH, fuse=fuse)
+    else:
+        module = getattr(runtime, kind)(WIDTH, WIDTH, fuse=fuse)
+    for name, param in module.named_parameters():
+        param.main_grad = torch.zeros_like(param, dtype=torch.float32)
+        param.grad_added_to_main_grad = False
+        if overwrite and name.startswith("weight"):
+            param.overwrite_main_grad = True
+    return module
+
+
+def _call(module, kind: str, x: torch.Tensor, flag):
+    if kind == "grouped_linear":
+        return module(x, [ROWS // EXPERTS] * EXPERTS, is_first_microbatch=flag)
+    return module(x, is_first_microbatch=flag)
+
+
+def _cache_of_reference(module, before: int, quant) -> str | None:
+    if quant is None:
+        return None
+    events = module.workspace_events[before:]
+    if not events:
+        return "fresh"
+    return "reuse" if events[-1] == "reuse" else "refresh"
+
+
+def run_case(runtime, kind, quant, flags, per_call_backward, fuse, overwrite) -> dict:
+    torch.manual_seed(0)
+    module = _build(runtime, kind, fuse, overwrite)
+    decisions: list[str] = []
+    caches: list[str | None] = []
+    module.wgrad_listener = decisions.append
+    context = runtime.autocast(quant) if quant is not None else torch.enable_grad()
+    outputs = []
+    with context:
+        for step, flag in enumerate(flags):
+            x = torch.randn(ROWS, WIDTH)
+            before = len(getattr(module, "workspace_events", []))
+            y = _call(module, kind, x, flag)
+            if runtime.name == "te":
+                caches.append(getattr(module, "observed_cache", None) if quant else None)
+            else:
+                caches.append(_cache_of_reference(module, before, quant))
+            if per_call_backward:
+                y.sum().backward()
+            else:
+                outputs.append(y)
+            with torch.no_grad():  # an optimizer step between calls: a stale cache shows
+                for name, param in module.named_parameters():
+                    if name.startswith("weight"):
+                        param.data.add_(0.5)  # .data: autograd keeps its saved view
+    if outputs:
+        sum(y.sum() * (i + 1) for i, y in enumerate(outputs)).backward()
+    return {"decisions": decisions, "caches": caches}
+
+
+def module_cases(te_runtime, reads_overwrite: bool) -> tuple[int, list[str], list[str]]:
+    reference = ReferenceRuntime("cpu", reads_overwrite)
+    differences, not_stood_in = [], []
+    count = 0
+    for recipe, kind in itertools.product(RECIPES, KINDS):
+        quant = RECIPES[recipe]
+        if quant is not None:
+            try:
+                te_runtime.recipe_for(quant)
+            except Exception as exc:  # noqa: BLE001 - named in the report
+                not_stood_in.append(f"{recipe}: {str(exc).splitlines()[0]}")
+                continue
+        for f1, f2, per_call, fuse, overwrite in itertools.product(
+                FLAGS, FLAGS, (False, True), (True, False), (False, True)):
+            if overwrite and not fuse:
+                continue
+            case = (kind, recipe, (f1, f2), "per-call" if per_call else "one", fuse, overwrite)
+            count += 1
+            try:
+                got = run_case(te_runtime, kind, quant, (f1, f2), per_call, fuse, overwrite)
+            except NotImplementedError as exc:
+                not_stood_in.append(f"{recipe} {kind}: {str(exc).splitlines()[0]}")
+                break
+            want = run_case(reference, kind, quant, (f1, f2), per_call, fuse, overwrite)
+            if got != want:
+                differences.append(f"{case}: te {got} reference {want}")
+    return count, differences, sorted(set(not_stood_in))
+
+
+def _comparable(report) -> dict:
+    rows = [{k: v for k, v in vars(row).items() if k not in ("grad_rel_error",)}
+            for row in report.modules]
+    findings = [(f.rule, f.severity, f.module, f.message) for f in report.findings]
+    return {"rows": rows, "findings": findings}
+
+
+def config_differences(paths: list[str]) -> dict[str, str]:
+    from qaudit.commands.check import audit_config, load_inputs
+    from qaudit.errors import EnvironmentProblem, InputError
+    from qaudit.run.options import AuditOptions
+
+    out = {}
+    for path in paths:
+        try:
+            config, recipe = load_inputs(path)
+            ref = audit_config(config, recipe, AuditOptions(steps=1, microbatches=2,
+                                                              runtime="reference"))
+            te = audit_config(config, recipe, AuditOptions(steps=1, microbatches=2, runtime="te"))
+        except InputError as exc:
+            out[path] = f"refused: {str(exc).splitlines()[0]}"
+            continue
+        except EnvironmentProblem as exc:  # the te runtime cannot run it here: said why
+            out[path] = f"not run on te: {str(exc).splitlines()[0]}"
+            continue
+        except Exception as exc:  # noqa: BLE001 - reported as a difference
+            out[path] = f"DIFFERENCE: te crashed: {type(exc).__name__}: {exc}"
+            continue
+        a, b = _comparable(ref), _comparable(te)
+        if a == b:
+            out[path] = "same"
+        else:
+            diffs = [f"{x} != {y}" for x, y in zip(a["rows"], b["rows"]) if x != y][:3]
+            diffs += [f"findings {sorted(set(a['findings']) ^ set(b['findings']))[:3]}"]
+            out[path] = "DIFFERENCE: " + "; ".join(diffs)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    out_path, configs = argv[0], argv[1:]
+    runtime = select_runtime("te", "cpu")
+    version = runtime.api.version
+    from qaudit.plan.upstream.te import te_behaviour
+
+    reads_overwrite = te_behaviour(version).reads_overwrite_main_grad
+    count, differences, not_stood_in = module_cases(runtime, reads_overwrite)
+    result = {"te": version, "runtime": runtime.description, "cases": count,
+              "differences": differences, "not_stood_in": not_stood_in,
+              "configs": config_differences(configs) if configs else {}}
+    Path(out_path).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
