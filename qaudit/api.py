@@ -73,7 +73,11 @@ def audit(cfg: Any, *, recipe: str | None = None, overrides: Sequence[str] = (),
           fail_on: str = "error", **options: Any) -> AuditReport:
     """Audit `cfg` (an object, a mapping, or a config file path) as `qaudit check` does.
     `overrides`: Hydra-style `a.b=c` strings (Bridge configs); other keyword arguments are
-    AuditOptions fields (steps, microbatches, runtime, seed, ...)."""
+    AuditOptions fields (steps, microbatches, runtime, seed, ...).
+
+    The runtime defaults to the reference, not the CLI's auto: without a GPU, auto would boot
+    TE's Python on qaudit's CPU kernel stand-in, which makes torch report a CUDA device for the
+    rest of the caller's process (docs/te-runtime.md). Pass runtime="auto" or "te" to ask for it."""
     from qaudit.commands.check import audit_inputs
     from qaudit.errors import InputError
     from qaudit.load.bridge import load_object, locate_error
@@ -84,6 +88,7 @@ def audit(cfg: Any, *, recipe: str | None = None, overrides: Sequence[str] = (),
     if fail_on not in ("error", "warning", "info"):
         raise ValueError(f"fail_on must be error, warning or info, got {fail_on!r}")
     listed = tuple(Override(text=text, index=i + 1) for i, text in enumerate(overrides))
+    options.setdefault("runtime", "reference")
     run = replace(AuditOptions(), megatron=megatron, te=te, policy=policy, overrides=listed,
                   **options)
     if isinstance(cfg, (str, os.PathLike)):

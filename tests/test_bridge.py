@@ -456,3 +456,23 @@ def test_named_settings_are_warned_where_bridge_keeps_them(tmp_path):
                       ddp={"data_parallel_sharding_strategy": "optim_grads_params"})
     config, _ = load_files(fsdp)
     assert config.use_megatron_fsdp and config.overwrites_main_grad
+
+
+def test_the_python_api_defaults_to_the_reference_runtime(monkeypatch):
+    """audit() must not boot TE's CPU stand-in (which poses torch as a CUDA build for the rest
+    of the caller's process) unless asked: its runtime defaults to the reference."""
+    import qaudit.api as api
+
+    seen = {}
+
+    def spy(config, recipe, options, **kwargs):
+        seen["runtime"] = options.runtime
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr("qaudit.commands.check.audit_inputs", spy)
+    with pytest.raises(RuntimeError, match="stop here"):
+        api.audit({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4})
+    assert seen["runtime"] == "reference"
+    with pytest.raises(RuntimeError, match="stop here"):
+        api.audit({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}, runtime="auto")
+    assert seen["runtime"] == "auto"
