@@ -121,6 +121,8 @@ def check(
                                                "sarif, github, svg) to PATH; repeatable."),
     expand: bool = typer.Option(False, "--expand", help="Table/Markdown: one row per module "
                                 "(identical layers not collapsed), one finding per module."),
+    show_info: bool = typer.Option(False, "--show-info", "-v", help="Table: print the info "
+                                   "notes in full (the verdict counts them)."),
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Report only findings not "
                                            "in this baseline file; the exit code counts only "
                                            "the new ones."),
@@ -161,7 +163,7 @@ def check(
     # Under torchrun every rank reaches the same outcome and only rank 0 speaks.
     speaks = world is None or world.is_leader
     code = _check(config, recipe, options, set_values, output_format, fail_on, output, expand,
-                  baseline, write_baseline, suggest_fixes, speaks)
+                  baseline, write_baseline, suggest_fixes, speaks, show_info)
     if world is not None:
         distributed.exit_together(code)
     raise typer.Exit(code)
@@ -170,7 +172,7 @@ def check(
 def _check(config: str, recipe: str | None, options: AuditOptions, set_values: list[str] | None,
            output_format: OutputFormat, fail_on: FailOn, output: list[str] | None, expand: bool,
            baseline: str | None, write_baseline: str | None, suggest_fixes: bool,
-           speaks: bool) -> int:
+           speaks: bool, show_info: bool = False) -> int:
     """`check` once options are known: the exit code, after printing (when `speaks`)."""
     from dataclasses import replace
 
@@ -224,7 +226,7 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
             # The config's own quant_recipe is known only now.
             check_clashes(written, inputs + ([("recipe", report.recipe)] if report.recipe else []))
             emit(report, code, output_format.value, outputs, expand=expand,
-                 extra_files=baselines.files(report))
+                 show_info=show_info, extra_files=baselines.files(report))
         except InputError as exc:
             return failed(f"error: {exc}", EXIT_USAGE)
     return code

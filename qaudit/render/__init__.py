@@ -26,16 +26,18 @@ MIN_WIDTH, MAX_WIDTH = 60, 240
 
 
 def render(report: Report, exit_code: int, fmt: str, *, expand: bool = False,
-           color: bool = False, width: int = 80) -> str:
-    text = _render(report, exit_code, fmt, expand=expand, color=color, width=width)
+           color: bool = False, width: int = 80, show_info: bool = False) -> str:
+    text = _render(report, exit_code, fmt, expand=expand, color=color, width=width,
+                   show_info=show_info)
     return text if fmt == "github" else defuse(text)
 
 
 def _render(report: Report, exit_code: int, fmt: str, *, expand: bool,
-            color: bool, width: int) -> str:
+            color: bool, width: int, show_info: bool = False) -> str:
     if fmt == "table":
         from qaudit.render.table import render_table
-        return render_table(report, exit_code, width=width, color=color, expand=expand)
+        return render_table(report, exit_code, width=width, color=color, expand=expand,
+                            show_info=show_info)
     if fmt == "markdown":
         from qaudit.render.markdown import render_markdown
         return render_markdown(report, exit_code, expand=expand)
@@ -106,7 +108,7 @@ class Emission:
 
 
 def prepare(report: Report, exit_code: int, stdout_format: str, outputs: list[tuple[str, str]],
-            *, expand: bool = False, stream: TextIO | None = None,
+            *, expand: bool = False, show_info: bool = False, stream: TextIO | None = None,
             environ: Mapping[str, str] | None = None,
             markdown: Callable[[], str] | None = None,
             annotations: Callable[[], str] | None = None) -> Emission:
@@ -114,8 +116,9 @@ def prepare(report: Report, exit_code: int, stdout_format: str, outputs: list[tu
     environ = environ if environ is not None else os.environ
     color = stdout_format == "table" and use_color(stream, environ)
     main = render(report, exit_code, stdout_format, expand=expand, color=color,
-                  width=terminal_width(stream))
-    files = [(path, render(report, exit_code, fmt, expand=expand)) for fmt, path in outputs]
+                  width=terminal_width(stream), show_info=show_info)
+    files = [(path, render(report, exit_code, fmt, expand=expand, show_info=show_info))
+             for fmt, path in outputs]
     emission = Emission(main, files)
     if environ.get("GITHUB_ACTIONS") == "true":
         if stdout_format != "github":
@@ -154,9 +157,11 @@ def deliver(emission: Emission, stdout: TextIO | None = None, stderr: TextIO | N
 
 
 def emit(report: Report, exit_code: int, stdout_format: str, outputs: list[tuple[str, str]],
-         *, expand: bool = False, extra_files: list[tuple[str, str]] | None = None) -> None:
+         *, expand: bool = False, show_info: bool = False,
+         extra_files: list[tuple[str, str]] | None = None) -> None:
     """Render everything, then write the files (`extra_files`: (path, text) pairs such as a
     baseline), then stdout; GitHub Actions extras when GITHUB_ACTIONS=true."""
-    emission = prepare(report, exit_code, stdout_format, outputs, expand=expand)
+    emission = prepare(report, exit_code, stdout_format, outputs, expand=expand,
+                       show_info=show_info)
     emission.files.extend(extra_files or [])
     deliver(emission)

@@ -1,4 +1,6 @@
-"""Terminal table: header, modules (consecutive identical layers collapsed), findings, summary.
+"""Terminal table: header, the verdict (one entry per finding group, errors first), modules
+(modules that behave alike collapsed over their layer, expert, stage and chunk numbers), the
+findings in full, summary. Info notes are counted in the verdict and printed with `show_info`.
 
 Fits `width` columns (80 unless the terminal is wider): when a module's row does not fit on one
 line, its name and type go on one line and its behaviour on the next. Colour (ANSI) only when
@@ -11,10 +13,11 @@ import re
 import textwrap
 from typing import Callable
 
-from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_names, cross_check_line,
-                                  format_error, group_findings, group_rows, location,
-                                  megatron_text, policy_text, te_text, short_type, summary_line,
-                                  suppressed_findings)
+from qaudit.judge.report import SEVERITIES
+from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_rows,
+                                  compress_names, cross_check_line, format_error, group_findings,
+                                  location, megatron_text, policy_text, te_text, short_type,
+                                  summary_line, suppressed_findings)
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
 
@@ -23,6 +26,7 @@ GAP = "  "
 INDENT = "  "
 MIN_RECIPE = 8
 MAX_TEXT_WIDTH = 100  # findings' prose wraps here even on wide terminals
+VERDICT_NAMES = 3  # at most this many module names in a verdict entry, then "+N more"
 
 _RESET = "\033[0m"
 _STYLES = {"bad": "\033[1;31m", "ok": "\033[32m", "warning": "\033[33m", "info": "\033[36m",
@@ -89,7 +93,7 @@ def split_name(name: str, width: int, indent: str = "    ") -> list[str]:
     if len(name) <= width:
         return [name]
     lines, current = [], ""
-    for part in re.findall(r"[^.]+\.?", name):
+    for part in re.findall(r"[^.,]+[.,]?", name):  # after dots, and commas of index lists
         limit = width - (len(indent) if lines else 0)
         if current and len(current) + len(part) > limit:
             lines.append(current)
@@ -175,7 +179,7 @@ def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
     lines = _wrap(lead + body, width, "", " " * 6)
     lines[0] = lines[0].replace(lead, f"{f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1)
     if len(group.modules) > 1:
-        names = collapse_names(group.modules)
+        names = compress_names(group.modules)
         lines.append("      modules: " + names[0])
         lines.extend("               " + name for name in names[1:])
     where = location(f.file, f.line)
@@ -186,6 +190,58 @@ def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
     evidence = getattr(f, "evidence", None)
     if evidence:
         lines.extend(_wrap(f"evidence: {evidence}", width, " " * 6, " " * 16))
+    return lines
+
+
+def _by_severity(groups: list[FindingGroup]) -> list[FindingGroup]:
+    """Errors first, then warnings, then info; the report's order within each."""
+    return sorted(groups, key=lambda g: SEVERITIES.index(g.first.severity)
+                  if g.first.severity in SEVERITIES else len(SEVERITIES))
+
+
+def _names_that_fit(names: list[str], room: int) -> str:
+    """As many of the first names (at most VERDICT_NAMES) as fit in `room` characters, then
+    how many more; always at least the first, shortened if it must be."""
+    shown: list[str] = []
+    for name in names[:VERDICT_NAMES]:
+        if shown and len(", ".join(shown + [name])) > room:
+            break
+        shown.append(name)
+    text = ", ".join(shown) if len(shown) > 1 or len(shown[0]) <= room else _truncate(shown[0], room)
+    rest = len(names) - len(shown)
+    return text + (f", +{rest} more" if rest else "")
+
+
+def verdict_lines(groups: list[FindingGroup], summary: str, width: int, show_info: bool,
+                  paint=None) -> list[str]:
+    """The verdict before the table: the summary, then per finding group one line (rule,
+    severity, how many modules, the first names) and its fix; info notes counted."""
+    paint = paint or _painter(False)
+    lines = [f"verdict: {summary}"]
+    info = [g for g in groups if g.first.severity == "info"]
+    for group in _by_severity(groups):
+        f = group.first
+        if f.severity == "info" and not show_info:
+            continue
+        lead = f"  {f.rule} {f.severity}  "
+        count = len(group.modules)
+        if count:
+            prefix = lead + f"{count} module{'s' if count != 1 else ''}: "
+            line = prefix + _names_that_fit(compress_names(group.modules),
+                                            width - len(prefix) - len(", +9999 more"))
+        else:
+            line = _truncate(lead + (group.text.splitlines()[0] if group.text else ""), width)
+        lines.append(line.replace(lead, f"  {f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1))
+        if f.fix:
+            lines.extend(_wrap(f"fix: {f.fix}", width, " " * 8, " " * 13))
+    if info and not show_info:
+        notes = sum(g.findings_count for g in info)
+        per_rule: dict[str, int] = {}
+        for g in info:
+            per_rule[g.first.rule] = per_rule.get(g.first.rule, 0) + g.findings_count
+        rules = ", ".join(f"{rule} x{n}" for rule, n in per_rule.items())
+        lines.extend(_wrap(f"{notes} info note(s) ({rules}): --show-info prints them", width,
+                           "  ", "    "))
     return lines
 
 
@@ -230,18 +286,23 @@ def _suggestion_lines(suggestions, width: int) -> list[str]:
 
 
 def render_table(report: Report, exit_code: int, *, width: int = DEFAULT_WIDTH,
-                 color: bool = False, expand: bool = False) -> str:
+                 color: bool = False, expand: bool = False, show_info: bool = False) -> str:
     paint = _painter(color)
+    text_width = min(width, MAX_TEXT_WIDTH)
+    groups = group_findings(report.findings, expand)
     lines = _header(report, width)
     lines.append("")
-    lines.extend(_module_lines(group_rows(report.modules, expand), width, paint))
+    lines.extend(verdict_lines(groups, summary_line(report, exit_code), text_width, show_info,
+                               paint))
+    lines.append("")
+    lines.extend(_module_lines(collapse_rows(report.modules, expand), width, paint))
     policies = getattr(report, "policies", None)
     if policies:
         lines.extend(_policy_lines(policies))
-    if report.findings:
+    detailed = [g for g in _by_severity(groups) if show_info or g.first.severity != "info"]
+    if detailed:
         lines.append("")
-    text_width = min(width, MAX_TEXT_WIDTH)
-    for group in group_findings(report.findings, expand):
+    for group in detailed:
         lines.extend(finding_lines(group, text_width, paint))
     suggestions = getattr(report, "suggestions", None)
     if suggestions:
