@@ -274,3 +274,23 @@ def test_mla_without_qk_layernorm_has_plain_column_up_projections():
     report = _report("gpt__gpt3_mcore_te_tp2_pp2_mla.yaml")
     ups = _rows(report, r"decoder\.layers\.\d+\.self_attention\.linear_(q|kv)_up_proj")
     assert ups and {row.type for row in ups.values()} == {"TEColumnParallelLinear"}
+
+
+# Performance flags common in the corpus: each is read and shown to change nothing
+# (docs/no-effect-settings.md) or modelled, so none may be a QA090 warning.
+PERFORMANCE_FLAGS = ("--overlap-grad-reduce", "--overlap-param-gather",
+                     "--overlap-param-gather-with-optimizer-step", "--use-distributed-optimizer",
+                     "--sequence-parallel", "--recompute-granularity", "--recompute-activations",
+                     "--cross-entropy-loss-fusion", "--moe-grouped-gemm", "--bf16",
+                     "--attention-backend", "--ckpt-format", "--use-mcore-models")
+
+
+@pytest.mark.parametrize("path", FILES, ids=[f"{p.parent.name}/{p.name}" for p in FILES])
+def test_common_performance_flags_are_not_warnings(path):
+    try:
+        config, _ = load_inputs(str(path))
+    except InputError:
+        return  # refused with a reason: test_corpus_file_audits_or_names_what_is_missing
+    warned = [note.message for note in config.source.notes if not note.no_effect
+              and note.message.split(" ", 1)[0].split(":", 1)[0] in PERFORMANCE_FLAGS]
+    assert warned == []

@@ -199,17 +199,41 @@ def _by_severity(groups: list[FindingGroup]) -> list[FindingGroup]:
                   if g.first.severity in SEVERITIES else len(SEVERITIES))
 
 
-def _names_that_fit(names: list[str], room: int) -> str:
-    """As many of the first names (at most VERDICT_NAMES) as fit in `room` characters, then
-    how many more; always at least the first, shortened if it must be."""
-    shown: list[str] = []
-    for name in names[:VERDICT_NAMES]:
-        if shown and len(", ".join(shown + [name])) > room:
+def _entry_lines(prefix: str, names: list[str], width: int) -> list[str]:
+    """`prefix` and as many of the first names (at most VERDICT_NAMES) as fit on one line, then
+    how many more; a first name too long for the line is wrapped, never cut."""
+    for shown in range(min(VERDICT_NAMES, len(names)), 0, -1):
+        rest = len(names) - shown
+        line = prefix + ", ".join(names[:shown]) + (f", +{rest} more" if rest else "")
+        if len(line) <= width or shown == 1:
             break
-        shown.append(name)
-    text = ", ".join(shown) if len(shown) > 1 or len(shown[0]) <= room else _truncate(shown[0], room)
-    rest = len(names) - len(shown)
-    return text + (f", +{rest} more" if rest else "")
+    if len(line) <= width:
+        return [line]
+    return _wrap(line, width, "", " " * 8)
+
+
+def _verdict_entries(groups: list[FindingGroup]) -> list[tuple[FindingGroup, str, list[str]]]:
+    """(group, what, names) per verdict entry: a group of modules as one entry, and the
+    module-less findings of one rule with the same fix (QA090's settings) merged into one."""
+    entries: list[tuple[FindingGroup, str, list[str]]] = []
+    merged: dict[tuple, tuple[FindingGroup, str, list[str]]] = {}
+    for group in _by_severity(groups):
+        f = group.first
+        if group.modules:
+            count = len(group.modules)
+            entries.append((group, f"{count} module{'s' if count != 1 else ''}: ",
+                            compress_names(group.modules)))
+            continue
+        key = (f.rule, f.severity, f.fix)
+        subject = group.text.split(": ", 1)[0] if ": " in group.text else group.text
+        if key in merged and len(subject) <= 60:
+            merged[key][2].append(subject)
+            continue
+        entry = (group, "", [subject if len(subject) <= 60 else group.text.splitlines()[0]])
+        if len(subject) <= 60:
+            merged[key] = entry
+        entries.append(entry)
+    return entries
 
 
 def verdict_lines(groups: list[FindingGroup], summary: str, width: int, show_info: bool,
@@ -219,19 +243,21 @@ def verdict_lines(groups: list[FindingGroup], summary: str, width: int, show_inf
     paint = paint or _painter(False)
     lines = [f"verdict: {summary}"]
     info = [g for g in groups if g.first.severity == "info"]
-    for group in _by_severity(groups):
+    for group, what, names in _verdict_entries(groups):
         f = group.first
         if f.severity == "info" and not show_info:
             continue
         lead = f"  {f.rule} {f.severity}  "
-        count = len(group.modules)
-        if count:
-            prefix = lead + f"{count} module{'s' if count != 1 else ''}: "
-            line = prefix + _names_that_fit(compress_names(group.modules),
-                                            width - len(prefix) - len(", +9999 more"))
+        if not what and len(names) > 1:
+            what = f"{len(names)} settings: "
+        elif not what:
+            names = [group.text.splitlines()[0] if group.text else ""]
+        if what or len(lead + names[0]) <= width:
+            entry = _entry_lines(lead + what, names, width)
         else:
-            line = _truncate(lead + (group.text.splitlines()[0] if group.text else ""), width)
-        lines.append(line.replace(lead, f"  {f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1))
+            entry = [_truncate(lead + names[0], width)]
+        entry[0] = entry[0].replace(lead, f"  {f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1)
+        lines.extend(entry)
         if f.fix:
             lines.extend(_wrap(f"fix: {f.fix}", width, " " * 8, " " * 13))
     if info and not show_info:
