@@ -16,7 +16,7 @@ def te_unavailable_reason() -> str:
     """Why the te runtime cannot run here, in one line; "" when it can."""
     if importlib.util.find_spec("transformer_engine") is None:
         return ("Transformer Engine is not installed (on a machine with an NVIDIA GPU and CUDA: "
-                "pip install \"qaudit[te]\"; see docs/gpu.md)")
+                "pip install \"megatron-qaudit[te]\"; see docs/gpu.md)")
     import torch
 
     if not torch.cuda.is_available():
