@@ -108,6 +108,23 @@ def te_modules(config) -> int:
     return 4 * layers + moe_layers * (config.num_moe_experts or 0) * per_expert
 
 
+MAX_TABLE_LINES = 200  # a reviewer reads the whole table
+VERDICT_WITHIN = 25  # the verdict and its findings start on the first screen
+
+
+def check_first_screen(report, code: int) -> None:
+    """The table output opens with the verdict (findings within the first 25 lines) and fits
+    in 200 lines (modules that behave alike share rows)."""
+    from qaudit.render import render
+
+    lines = render(report, code, "table").splitlines()
+    assert len(lines) <= MAX_TABLE_LINES, f"{len(lines)} lines"
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("verdict: "))
+    assert verdict < VERDICT_WITHIN, verdict
+    if report.findings:
+        assert lines[verdict + 1].startswith("  "), lines[verdict + 1]  # an entry or the count
+
+
 def audit(path: Path) -> tuple[int, str]:
     started = time.perf_counter()
     try:
@@ -115,7 +132,9 @@ def audit(path: Path) -> tuple[int, str]:
         if te_modules(config) > MAX_MODULES and not FULL:
             code, message = -1, "not run"
         else:
-            code, message = audit_config(config, recipe, OPTIONS).exit_code(), ""
+            report = audit_config(config, recipe, OPTIONS)
+            code, message = report.exit_code(), ""
+            check_first_screen(report, code)
     except InputError as exc:
         code, message = 2, str(exc)
     except Exception:  # noqa: BLE001 - the assertion below reports it
