@@ -587,13 +587,17 @@ def test_dev_stdout_gets_the_report_and_stays_a_device(tmp_path):
     assert text.index('"schema"') < text.index("0 error(s)")
 
 
+# The rename waits until the test has sent its signal (the "go" file), however slow the
+# machine: a fixed sleep let a loaded machine signal only after the write had finished.
 WRITER = """
 import os, sys, time
 from qaudit.files import outputs
 real_replace = os.replace
 def slow_replace(src, dst):
     open(sys.argv[2], "w").write("ready")
-    time.sleep(3)
+    deadline = time.monotonic() + 600  # a hang guard only
+    while not os.path.exists(sys.argv[3]) and time.monotonic() < deadline:
+        time.sleep(0.01)
     real_replace(src, dst)
 os.replace = slow_replace
 outputs.write_file(sys.argv[1], "report\\n" * 1000)
@@ -603,15 +607,16 @@ outputs.write_file(sys.argv[1], "report\\n" * 1000)
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_no_temporary_file_is_left_when_killed(tmp_path, signum):
-    target, ready = tmp_path / "out" / "r.json", tmp_path / "ready"
+    target, ready, go = tmp_path / "out" / "r.json", tmp_path / "ready", tmp_path / "go"
     target.parent.mkdir()
-    child = subprocess.Popen([sys.executable, "-c", WRITER, str(target), str(ready)], cwd=REPO,
-                             stderr=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c", WRITER, str(target), str(ready), str(go)],
+                             cwd=REPO, stderr=subprocess.PIPE)
     deadline = time.time() + 600
     while not ready.exists() and time.time() < deadline:
         time.sleep(0.05)
     assert ready.exists(), child.stderr.read() if child.poll() is not None else "not ready"
     child.send_signal(signum)  # while the temporary file exists
+    go.write_text("go")
     child.wait(timeout=600)
     assert child.returncode != 0  # it still ends, after the rename
     assert sorted(p.name for p in target.parent.iterdir()) == ["r.json"]
