@@ -11,7 +11,7 @@ import typer
 
 from qaudit import __version__
 from qaudit.commands.written import written_files
-from qaudit.errors import EnvironmentProblem, InputError
+from qaudit.errors import EnvironmentProblem, InputError, printable
 
 if TYPE_CHECKING:
     from qaudit.run.options import AuditOptions
@@ -78,7 +78,7 @@ POLICY_HELP = "Override the Megatron's is_first_microbatch tracking."
 
 
 def _fail(message: str, code: int) -> None:
-    typer.echo(message, err=True)
+    typer.echo(printable(message), err=True)
     raise typer.Exit(code)
 
 
@@ -91,9 +91,9 @@ def check(
                                          help="Quant recipe YAML (wins over quant_recipe)."),
     set_values: Optional[list[str]] = typer.Option(None, "--set", metavar="NAME=VALUE",
                                                    help="A value a script takes from outside."),
-    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION",
+    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION|COMMIT|PATH",
                                  show_default=False, help=MEGATRON_HELP),
-    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION", show_default=False,
+    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION|PATH", show_default=False,
                            help=TE_HELP),
     policy: Optional[Policy] = typer.Option(None, metavar="NAME", help=POLICY_HELP),
     steps: int = typer.Option(2, min=1, max=100, metavar="N", show_default=False,
@@ -138,6 +138,15 @@ def check(
                                    "shrunk ones."),
     allow_import: bool = typer.Option(False, "--allow-import", help="Import the recipe's "
                                       "custom_recipe_factory."),
+    allow_symlinked_output: bool = typer.Option(False, "--allow-symlinked-output",
+                                                help="Write outputs through symbolic links."),
+    cross_check_timeout: float = typer.Option(900.0, "--cross-check-timeout", min=0.1,
+                                              max=86400.0, metavar="SECONDS",
+                                              show_default=False,
+                                              help="--cross-check worker deadline (900)."),
+    cross_check_memory: int = typer.Option(16384, "--cross-check-memory", min=0, metavar="MIB",
+                                           show_default=False,
+                                           help="--cross-check worker memory (16384; 0: none)."),
     allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run past the "
                                           "10-minute estimate."),
 ) -> None:
@@ -146,9 +155,11 @@ def check(
     Several configs (or a directory): one summary line each, the worst exit code; json and
     sarif carry every file. Every option in detail: docs/usage.md."""
     from qaudit.commands.targets import expand_targets, split_targets
+    from qaudit.files.outputs import allow_symlinked_output as follow_output_links
     from qaudit.run import distributed
     from qaudit.run.options import AuditOptions
 
+    follow_output_links(allow_symlinked_output)
     paths, overrides = split_targets(targets)
     if overrides:
         _fail(f"error: {overrides[0]}: overrides need a Megatron-Bridge config", EXIT_USAGE)
@@ -172,6 +183,8 @@ def check(
                            seed=seed, evaluation=evaluation, verify=verify,
                            compare_policies=compare_policies, allow_import=allow_import,
                            full_size=full_size, rank=rank, world=world, cross_check=cross_check,
+                           cross_check_timeout=cross_check_timeout,
+                           cross_check_memory=cross_check_memory or None,
                            allow_long_audit=allow_long_audit)
     if several:
         from qaudit.commands.many import check_many
@@ -203,7 +216,7 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
 
     def failed(message: str, code: int) -> int:
         if speaks:
-            typer.echo(message, err=True)
+            typer.echo(printable(message), err=True)
         return code
 
     inputs = [("config", config)] + ([("recipe", recipe)] if recipe else []) \
@@ -299,9 +312,9 @@ def diff(
     head: str = typer.Argument(..., help="Head config YAML, or a JSON report."),
     recipe_base: Optional[str] = typer.Option(None, "--recipe-base", help="Quant recipe for BASE."),
     recipe_head: Optional[str] = typer.Option(None, "--recipe-head", help="Quant recipe for HEAD."),
-    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION",
+    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION|COMMIT|PATH",
                                  help="The Megatron both audits are for (as for check)."),
-    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION",
+    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION|PATH",
                            help="The Transformer Engine both audits are for (as for check)."),
     policy: Optional[Policy] = typer.Option(None, help="Tracking policy for both audits, over "
                                             "the Megatron's own."),
@@ -319,23 +332,31 @@ def diff(
                                    "makes the exit code 1."),
     allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run even when an "
                                           "audit's estimated time is over 10 minutes."),
+    allow_symlinked_output: bool = typer.Option(
+        False, "--allow-symlinked-output", help="Write outputs through symbolic links (the "
+        "file a link names). Off by default: an output path that is, or goes through, a "
+        "symlink is refused (exit 2)."),
 ) -> None:
     """Audit BASE and HEAD; show only what changes. Exit 1 when HEAD introduces an error."""
     from qaudit.run.options import AuditOptions
     from qaudit.commands.diff import emit_diff, load_side
     from qaudit.judge.diff import diff_reports
-    from qaudit.files.outputs import check_clashes
+    from qaudit.files.outputs import allow_symlinked_output as follow_output_links, check_clashes
     from qaudit.render import parse_outputs
 
     from qaudit.plan.upstream.target import resolve_megatron
+
+    follow_output_links(allow_symlinked_output)
     from qaudit.plan.upstream.te import resolve_te
 
     inputs = [("base", base), ("head", head)] + [
         (what, path) for what, path in (("base recipe", recipe_base), ("head recipe", recipe_head))
         if path]
     try:
+        # auto is resolved per side: each side's loader may know the Megatron its writer pins
+        target = megatron if megatron == "auto" else resolve_megatron(megatron)
         options = AuditOptions(policy=policy.value if policy else None,
-                               megatron=resolve_megatron(megatron), te=resolve_te(te), steps=steps,
+                               megatron=target, te=resolve_te(te), steps=steps,
                                microbatches=microbatches, runtime=runtime.value, seed=seed,
                                allow_long_audit=allow_long_audit)
         outputs = parse_outputs(output, tuple(f.value for f in DiffFormat))
@@ -370,8 +391,10 @@ def env(output_format: EnvFormat = typer.Option(EnvFormat.table, "--format", "-f
     from qaudit.commands.env import collect, render_env_json, render_env_text
 
     report = collect()
+    from qaudit.render.defuse import defuse
+
     render = render_env_json if output_format is EnvFormat.json else render_env_text
-    sys.stdout.write(render(report))
+    sys.stdout.write(defuse(render(report)))  # installed metadata is input text too
 
 
 @app.command()
@@ -380,8 +403,23 @@ def version() -> None:
     typer.echo(__version__)
 
 
+def _tolerant_streams() -> None:
+    """A character the terminal's encoding lacks (qaudit's own \u2705 under LC_ALL=POSIX or
+    PYTHONIOENCODING=ascii, a name from the input) is printed as its escape, never a crash."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        # strict, or surrogateescape (a C locale's), fail on qaudit's own characters.
+        if reconfigure is not None and getattr(stream, "errors", None) in ("strict",
+                                                                             "surrogateescape"):
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
+
+
 def main() -> None:
     """Console entry point: internal errors exit 3 with a short message, never a traceback."""
+    _tolerant_streams()
     try:
         app()
     except SystemExit:
@@ -390,6 +428,9 @@ def main() -> None:
         sys.stderr.write("interrupted\n")
         sys.exit(130)
     except Exception as exc:  # noqa: BLE001 - last line of defence for exit code 3
-        sys.stderr.write(f"internal error: {type(exc).__name__}: {exc}\n"
+        sys.stderr.write(printable(f"internal error: {type(exc).__name__}: {exc}")[:2000] + "\n"
                          "This is a bug in qaudit; please report it with the input files.\n")
+        sys.exit(EXIT_INTERNAL)
+    except BaseException as exc:  # noqa: BLE001 - GeneratorExit and the like: still exit 3
+        sys.stderr.write(printable(f"internal error: {type(exc).__name__}: {exc}")[:2000] + "\n")
         sys.exit(EXIT_INTERNAL)

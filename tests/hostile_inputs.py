@@ -57,6 +57,11 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     subprocess: bool = False  # run `python -m qaudit` in a child process (family cwd)
     note: str = ""
+    # Round three (tests/hostile_inputs3.py):
+    sys_path: list[str] = field(default_factory=list)  # prepended to sys.path for the run
+    forbidden: tuple[str, ...] = ()  # must not appear on stdout
+    printable: bool = False  # every character printed is printable (or a newline)
+    memory_mib: int | None = None  # RLIMIT_AS of the child process (subprocess cases)
 
     def describe(self) -> str:
         return f"{self.family}: {self.note} argv={self.argv[:8]}"
@@ -517,13 +522,27 @@ def run_case(case: Case, folder: Path) -> Result:
     start = time.perf_counter()
     if case.subprocess:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_ACTIONS")}
-        done = subprocess.run([sys.executable, "-m", "qaudit", *case.argv], cwd=folder,
-                              capture_output=True, text=True,
-                              timeout=max(case.seconds, HANG_SECONDS), env=env)
-        code, out, err = done.returncode, done.stdout, done.stderr
+        env.update(case.env)
+
+        def limit_memory():
+            if case.memory_mib:
+                import resource
+                limit = case.memory_mib << 20
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+        try:
+            done = subprocess.run([sys.executable, "-m", "qaudit", *case.argv], cwd=folder,
+                                  capture_output=True, text=True, errors="replace",
+                                  timeout=max(case.seconds, HANG_SECONDS), env=env,
+                                  preexec_fn=limit_memory)
+            code, out, err = done.returncode, done.stdout, done.stderr
+        except subprocess.TimeoutExpired:
+            code, out, err = -1, "", f"still running after {max(case.seconds, HANG_SECONDS):.0f} s"
     else:
         saved_env = {k: os.environ.get(k) for k in case.env}
         os.environ.update(case.env)
+        saved_path = list(sys.path)
+        sys.path[:0] = case.sys_path
         previous = os.getcwd()
         os.chdir(folder)
         try:
@@ -533,6 +552,7 @@ def run_case(case: Case, folder: Path) -> Result:
             code, out, err = -1, "", str(exc)
         finally:
             os.chdir(previous)
+            sys.path[:] = saved_path
             for key, value in saved_env.items():
                 if value is None:
                     os.environ.pop(key, None)
@@ -561,6 +581,13 @@ def check_result(case: Case, folder: Path, code: int, out: str, err: str, before
         for word in case.words:
             if word not in err:
                 problems.append(f"{word!r} not in the error line")
+    for text in case.forbidden:
+        if text in out:
+            problems.append(f"{text!r} reached qaudit's stdout")
+    if case.printable:
+        shown = {c for c in out + err if not (c.isprintable() or c == "\n")}
+        if shown:
+            problems.append(f"unescaped characters printed: {sorted(shown)[:5]}")
     if list(folder.glob("RAN-*")):
         problems.append(f"code from the working directory ran: {sorted(p.name for p in folder.glob('RAN-*'))}")
     github = "-f" in case.argv and case.argv[case.argv.index("-f") + 1] == "github"

@@ -170,7 +170,7 @@ def test_default_without_megatron_fails_the_bf16_repeated_mtp_example(monkeypatc
     assert "megatron: megatron-core 0.19.2 (assumed: no Megatron importable" in out
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-mtp-bf16.yaml",
                                   "--megatron", "main")
-    assert code == 0 and "megatron: Megatron-LM main (named with --megatron)" in out
+    assert code == 0 and "megatron: Megatron-LM main (d98e8a64 + PR #6965) (named with --megatron)" in out
 
 
 def test_policy_wins_over_megatron_and_says_so(monkeypatch, capsys):

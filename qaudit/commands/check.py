@@ -34,7 +34,7 @@ def audit_files(config_path: str, recipe_path: str | None = None,
 def audit_inputs(config: ModelConfig, recipe: QuantRecipe | None,
                  options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
     """Audit inputs already loaded (`load_inputs`), with `--suggest`'s remedies when asked."""
-    options = replace(options, megatron=megatron_target(options),  # once, for every re-audit
+    options = replace(options, megatron=megatron_target(options, config),  # once, for every re-audit
                       te=te_target(options))
     report = audit_config(config, recipe, options)
     if suggest:
@@ -78,7 +78,7 @@ def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
                  options: AuditOptions = AuditOptions()) -> Report:
     if options.policy is not None and options.policy not in POLICIES:
         raise ValueError(f"unknown policy {options.policy!r}")
-    target = megatron_target(options)
+    target = megatron_target(options, config)
     check_config_runs_on(config, target)
     te = te_target(options)
     check_config_runs_on_te(config, te)

@@ -55,16 +55,11 @@ class EnvReport:
 
 
 def _version(module: str) -> str | None:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover
-        return None
-    for name in (module, module.replace("_", "-")):
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            continue
-    return None
+    """The installed distribution's version, read bounded from its METADATA along sys.path
+    (importlib.metadata would read a whole file, whatever a PYTHONPATH entry put there)."""
+    from qaudit.plan.upstream.dist_info import installed_version
+
+    return installed_version((module, module.replace("_", "-")), sys.path).version
 
 
 def _cuda_major_minor(text: str | None) -> tuple[int, int] | None:

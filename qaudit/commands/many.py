@@ -11,10 +11,16 @@ from qaudit.run.options import AuditOptions
 EXIT_USAGE, EXIT_INTERNAL = 2, 3
 
 
-def _refuse(message: str) -> int:
+def _say(line: str) -> None:
     import sys
 
-    sys.stderr.write(f"error: {message}\n")
+    from qaudit.errors import printable
+
+    sys.stderr.write(printable(line) + "\n")
+
+
+def _refuse(message: str) -> int:
+    _say(f"error: {message}")
     return EXIT_USAGE
 
 
@@ -55,11 +61,11 @@ def check_many(files: list[str], recipe: str | None, options: AuditOptions,
 
             report = audit_inputs(*loaded, options, suggest=suggest)
         except InputError as exc:
-            sys.stderr.write(f"error: {exc}\n")
+            _say(f"error: {exc}")
             items.append(Audited(path, EXIT_USAGE, error=str(exc).removeprefix(f"{path}: ")))
             continue
         except EnvironmentProblem as exc:
-            sys.stderr.write(f"error: {exc}\n")
+            _say(f"error: {exc}")
             items.append(Audited(path, EXIT_INTERNAL, error=str(exc)))
             continue
         items.append(Audited(path, report.exit_code(fail_on), report))
@@ -69,8 +75,10 @@ def check_many(files: list[str], recipe: str | None, options: AuditOptions,
         from qaudit.render.github import render_annotations
 
         if output_format != "github":
-            emission.stderr = "".join(render_annotations(item.report) for item in items
-                                      if item.report is not None)
+            from qaudit.render.defuse import defuse
+
+            emission.stderr = defuse("".join(render_annotations(item.report) for item in items
+                                             if item.report is not None), commands=False)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:
             emission.step_summary = (summary, render_many(items, "markdown"))

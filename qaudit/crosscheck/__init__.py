@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from qaudit.crosscheck.compare import Difference, compare
 from qaudit.crosscheck.facts import Builder, BuiltModel, ModuleFacts, will_execute_label
-from qaudit.errors import EnvironmentProblem, InputError
+from qaudit.crosscheck import worker
+from qaudit.errors import EnvironmentProblem, InputError, printable
 from qaudit.plan.upstream.detect import MegatronLocation, locate_megatron
 
 if TYPE_CHECKING:
@@ -176,22 +177,27 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
                 side.built = upstream_build.build_and_run(upstream, steps, microbatches, seed,
                                                           run=train)
             side.unknown_fields = list(getattr(upstream, "unknown_fields", []))
-    except (InputError, EnvironmentProblem):
+    except (InputError, EnvironmentProblem, worker.Deadline):
         raise
-    except Exception as exc:  # noqa: BLE001 - upstream's code failed: say so, in one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    except BaseException as exc:  # noqa: BLE001 - upstream's code failed (or exited): one line
         raise EnvironmentProblem(
-            f"--cross-check: Megatron {location.version or ''} at {location.root} could not "
-            f"build and run this config on CPU: {type(exc).__name__}: {first[:300]}") from None
+            f"{_describe(location)} could not build and run this config on CPU: "
+            f"{worker.describe_exception(exc)}") from None
     return side
+
+
+def _describe(location: MegatronLocation) -> str:
+    return printable(f"--cross-check: Megatron {location.version or '(version unknown)'} at "
+                     f"{location.root}")
 
 
 class UpstreamBuilder:
     """The upstream side of a cross-check, started before qaudit's own audit and collected
-    after it. Where the platform forks (Linux), it runs in a forked child: the two builds
-    overlap, the child starts with everything already imported (and any test's patches), and
-    Megatron and the stand-in TE never enter the audit's own process. Elsewhere it runs in
-    this process when collected."""
+    after it. Where the platform forks (Linux), it runs in a forked child
+    (qaudit/crosscheck/worker.py: deadline, memory limit, its own output pipe, dies with
+    qaudit): the two builds overlap, the child starts with everything already imported (and
+    any test's patches), and Megatron and the stand-in TE never enter the audit's own process.
+    Elsewhere it runs in this process when collected, output captured and deadline kept."""
 
     def __init__(self, config: "ModelConfig", recipe: "QuantRecipe | None",
                  options: "AuditOptions", location: MegatronLocation) -> None:
@@ -204,7 +210,9 @@ class UpstreamBuilder:
         self.location = location
         self.not_covered: list[str] = []
         self.unsupported = _not_built_here(config)
-        self.pool = self.future = None
+        self.job: worker.ForkedWorker | None = None
+        self.limits = worker.WorkerLimits(timeout_s=options.cross_check_timeout,
+                                          memory_mib=options.cross_check_memory)
         if self.unsupported:
             return
         train = not options.evaluation
@@ -221,18 +229,14 @@ class UpstreamBuilder:
                           train, options.allow_import, real_te, location)
         # CUDA cannot be used in a forked child: a GPU build stays in this process.
         if "fork" in multiprocessing.get_all_start_methods() and not real_te:
-            from concurrent.futures import ProcessPoolExecutor
-
-            self.pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
-            self.future = self.pool.submit(upstream_side, *self.arguments)
+            self.job = worker.ForkedWorker(upstream_side, self.arguments, self.limits,
+                                           _describe(location))
 
     def _side(self) -> UpstreamSide:
-        if self.future is None:
-            return upstream_side(*self.arguments)
-        try:
-            return self.future.result()
-        finally:
-            self.pool.shutdown()
+        if self.job is None:
+            return worker.run_in_process(upstream_side, self.arguments, self.limits,
+                                         _describe(self.location))
+        return self.job.result()
 
     def build(self) -> BuiltModel:
         if self.unsupported:
@@ -249,8 +253,8 @@ class UpstreamBuilder:
         return cross_check(QauditBuilder(run), self, self.location)
 
     def cancel(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
+        if self.job is not None:
+            self.job.cancel()
 
 
 def cross_check(ours: Builder, theirs: Builder, location: MegatronLocation) -> CrossCheck:

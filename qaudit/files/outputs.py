@@ -7,7 +7,13 @@
   umask allows, as `open()` would. SIGINT, SIGTERM and SIGHUP are held back while the temporary
   file exists, so a killed run leaves either the old file or the new one, never a stray
   temporary file (SIGKILL cannot be held back).
-- A symlink is kept: the file it points to is written.
+- Nothing is written through a symbolic link: a path that is one (dangling or not), or whose
+  directories include one, is refused (exit 2). The directory is opened one component at a
+  time with O_NOFOLLOW and the file created beside the target with O_EXCL|O_NOFOLLOW, then
+  renamed over it, so a link swapped in during the run is replaced, never followed.
+  `--allow-symlinked-output` resolves the path first instead (the file a link names is
+  written). `/dev/stdout`, `/dev/stderr`, `/dev/fd/N` and `/proc/self/fd/N` (symlinks
+  themselves) are the exception: qaudit's own descriptors, written directly.
 - FIFOs and character devices (`/dev/stdout`, `/dev/null`, a terminal) are written through, never
   replaced by a regular file; a FIFO without a reader is refused instead of blocking. Block
   devices, sockets and directories are refused.
@@ -22,7 +28,7 @@ import os
 import signal
 import stat
 import sys
-import tempfile
+import secrets
 from typing import Iterator
 
 from qaudit.errors import InputError
@@ -33,32 +39,91 @@ _DEFERRED_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM"
                           if hasattr(signal, name))
 
 
+_follow_symlinks = False
+
+
+def allow_symlinked_output(allowed: bool) -> None:
+    """`--allow-symlinked-output`: resolve symlinks in output paths (the old behaviour)
+    instead of refusing them. Set once per command by the CLI."""
+    global _follow_symlinks
+    _follow_symlinks = allowed
+
+
+class SymlinkRefused(OSError):
+    """An output path that is, or goes through, a symbolic link."""
+
+
+def _resolved(path: str) -> str:
+    return os.path.realpath(path) if _follow_symlinks else path
+
+
+def _open_parent(path: str) -> tuple[int, str]:
+    """A descriptor of the directory that holds `path`'s last component, reached one component
+    at a time with O_NOFOLLOW (a symlinked directory anywhere in the path is refused, and
+    nothing swapped in later can redirect the write), and that last component."""
+    directory, name = os.path.split(path)
+    flags = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(os.sep if os.path.isabs(path) else ".", flags)
+    try:
+        for part in directory.split(os.sep):
+            if part in ("", "."):
+                continue
+            try:
+                inner = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                try:
+                    linked = stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode)
+                except OSError:
+                    linked = False
+                if linked:
+                    raise SymlinkRefused(
+                        errno.ELOOP, f"directory {part!r} in the path is a symbolic link; "
+                        "qaudit never writes through one (--allow-symlinked-output "
+                        "allows it)") from None
+                raise exc
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, name
+
+
+def _link_refused(name: str) -> SymlinkRefused:
+    return SymlinkRefused(errno.ELOOP, f"{name!r} is a symbolic link; qaudit never writes "
+                          "through one (--allow-symlinked-output allows it)")
+
+
 def check_output_path(path: str, what: str) -> None:
     """Refuse, before the audit, an output path that cannot be written as a file (exit 2)."""
     if "\x00" in path:
         raise InputError(f"{what}: the file name contains a NUL byte", file=path)
     if path.endswith(("/", os.sep)) or os.path.basename(path) in ("", ".", ".."):
         raise InputError(f"{what}: names a directory; give a file name", file=path)
+    if _own_descriptor(path) is not None:
+        return  # /dev/stdout and the like: the documented exception
     try:
-        mode = os.stat(path).st_mode  # follows symlinks, /dev/stdout's included
+        fd, name = _open_parent(_resolved(path))
+    except SymlinkRefused as exc:
+        raise InputError(f"{what}: {exc.strerror}", file=path) from None
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise InputError(f"{what}: directory {os.path.dirname(path) or '.'!r} does not "
+                             "exist", file=path) from None
+        raise InputError(f"{what}: {stat_problem(exc, path)}", file=path) from None
+    try:
+        mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
     except OSError as exc:
         if exc.errno != errno.ENOENT:
             raise InputError(f"{what}: {stat_problem(exc, path)}", file=path) from None
-        mode = None
-    if mode is not None:
-        kind = kind_of(mode)
-        if kind and stat.S_IFMT(mode) not in _WRITABLE_SPECIAL:
-            raise InputError(f"{what}: {kind}; give a file name", file=path)
         return
-    real = os.path.realpath(path)  # a dangling symlink: the file it names
-    if not os.path.isdir(os.path.dirname(real) or "."):
-        raise InputError(f"{what}: directory {os.path.dirname(path) or '.'!r} does not exist",
-                         file=path)
-    try:
-        os.lstat(real)  # ENAMETOOLONG for the file name itself
-    except OSError as exc:
-        if exc.errno != errno.ENOENT:
-            raise InputError(f"{what}: {stat_problem(exc, path)}", file=path) from None
+    finally:
+        os.close(fd)
+    if stat.S_ISLNK(mode):
+        raise InputError(f"{what}: {_link_refused(name).strerror}", file=path)
+    kind = kind_of(mode)
+    if kind and stat.S_IFMT(mode) not in _WRITABLE_SPECIAL:
+        raise InputError(f"{what}: {kind}; give a file name", file=path)
 
 
 def _own_descriptor(path: str) -> int | None:
@@ -86,6 +151,10 @@ def _identity(path: str) -> tuple | None:
     cannot destroy."""
     if "\x00" in path:
         return None  # names no file; reading or writing it says so
+    try:
+        os.fsencode(path)
+    except UnicodeError:
+        return None  # a lone surrogate (from a report read back): names no file either
     try:
         info = os.stat(path)
     except OSError:
@@ -142,25 +211,44 @@ def signals_held() -> Iterator[None]:
 def write_file(path: str, text: str) -> None:
     """Write `text` to `path` as described above; OSError on failure (the caller words it)."""
     data = text.encode("utf-8")
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
-        info = None
-    descriptor = _own_descriptor(path) if info is not None else None
+    descriptor = _own_descriptor(path) if os.path.exists(path) else None
     if descriptor is not None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
         _write_all(descriptor, data)
         return
-    if info is not None and not stat.S_ISREG(info.st_mode):
-        _write_through(path, data, info.st_mode)
-        return
-    real = os.path.realpath(path)  # keep symlinks: replace the file they point to
-    directory = os.path.dirname(real) or "."
+    directory, name = _open_parent(_resolved(path))
+    try:
+        try:
+            info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            info = None
+        if info is not None and stat.S_ISLNK(info.st_mode):
+            raise _link_refused(name)
+        if info is not None and not stat.S_ISREG(info.st_mode):
+            _write_through(directory, name, data, info.st_mode)
+            return
+        _replace(directory, name, data, info)
+    finally:
+        os.close(directory)
+
+
+def _replace(directory: int, name: str, data: bytes, info: os.stat_result | None) -> None:
+    """A new file beside `name` (O_EXCL|O_NOFOLLOW: never an existing file or link), then
+    renamed over it: a link swapped in meanwhile is replaced, never written through."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     with signals_held():
-        # The name stays short enough for the file system whatever the target's length.
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(real)[:100]}.", dir=directory)
+        for _ in range(100):
+            # The name stays short enough for the file system whatever the target's length.
+            tmp = f".{name[:100]}.{secrets.token_hex(6)}.tmp"
+            try:
+                fd = os.open(tmp, flags, 0o600, dir_fd=directory)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise OSError(errno.EEXIST, "no free temporary name")
         try:
             with os.fdopen(fd, "wb") as handle:
                 handle.write(data)
@@ -171,21 +259,21 @@ def write_file(path: str, text: str) -> None:
                     if (info.st_uid, info.st_gid) != (os.geteuid(), os.getegid()):
                         with contextlib.suppress(OSError):
                             os.fchown(handle.fileno(), info.st_uid, info.st_gid)
-            os.replace(tmp, real)
+            os.rename(tmp, name, src_dir_fd=directory, dst_dir_fd=directory)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=directory)
             raise
 
 
-def _write_through(real: str, data: bytes, mode: int) -> None:
+def _write_through(directory: int, name: str, data: bytes, mode: int) -> None:
     if stat.S_IFMT(mode) not in _WRITABLE_SPECIAL:
         raise OSError(errno.EINVAL, f"{kind_of(mode)}, not a file qaudit writes")
-    flags = os.O_WRONLY | getattr(os, "O_NOCTTY", 0)
+    flags = os.O_WRONLY | os.O_NOFOLLOW | getattr(os, "O_NOCTTY", 0)
     if stat.S_ISFIFO(mode):
         flags |= os.O_NONBLOCK  # no reader: ENXIO now instead of blocking forever
     try:
-        fd = os.open(real, flags)
+        fd = os.open(name, flags, dir_fd=directory)
     except OSError as exc:
         if exc.errno == errno.ENXIO:
             raise OSError(errno.ENXIO, "a FIFO (named pipe) with no reader") from None

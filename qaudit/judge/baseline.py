@@ -54,7 +54,7 @@ def finding_key(finding: Finding) -> str:
 
 def fingerprint(finding: Finding) -> str:
     text = "\x1f".join((finding.rule, finding.module or "", finding_key(finding)))
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def baseline_entries(findings: list[Finding]) -> list[dict[str, Any]]:

@@ -222,7 +222,30 @@ def _parse_matcher(file: str, name: str, body: Any, line: int | None,
     if body["type"] != "glob":
         raise InputError(f"matcher type {short_repr(body['type'])} is not supported upstream; only 'glob'",
                          file=file, line=body.line_of("type"), key="type")
+    _check_pattern(file, name, body["pattern"], body.line_of("pattern"))
     return Matcher(name, body["pattern"], body["config"], line)
+
+
+# A glob is translated to a regular expression (fnmatch scans ahead from every `[`, and each
+# `*` is a search step when matching), so both the length and the wildcard count are bounded
+# before any pattern reaches fnmatch. Real recipes' patterns are module paths of under 100
+# characters with a few `*`.
+MAX_PATTERN_LENGTH = 1000
+MAX_PATTERN_WILDCARDS = 64
+
+
+def _check_pattern(file: str, name: str, pattern: str, line: int | None) -> None:
+    """Refuse (exit 2, naming the matcher) a glob too long or too complex to match safely."""
+    wildcards = sum(pattern.count(c) for c in "*?[")
+    if len(pattern) > MAX_PATTERN_LENGTH:
+        problem = f"is {len(pattern):,} characters long (at most {MAX_PATTERN_LENGTH:,})"
+    elif wildcards > MAX_PATTERN_WILDCARDS:
+        problem = (f"has {wildcards:,} wildcards ('*', '?', '[') (at most "
+                   f"{MAX_PATTERN_WILDCARDS})")
+    else:
+        return
+    raise InputError(f"matcher {short_repr(name)}: the glob pattern {problem}; module paths "
+                     "need a few", file=file, line=line, key="pattern")
 
 
 def _parse_payload(file: str, name: str, body: Any, line: int | None) -> QuantConfig:

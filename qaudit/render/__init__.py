@@ -16,7 +16,7 @@ from typing import Callable, Mapping, TextIO
 
 from qaudit.errors import InputError
 from qaudit.files.outputs import append_file, check_clashes, check_output_path, write_file
-from qaudit.render.defuse import defuse
+from qaudit.render.defuse import defuse, escaped_strings
 from qaudit.judge.report import Report
 
 STDOUT_FORMATS = ("table", "markdown", "json", "sarif", "github")
@@ -27,9 +27,15 @@ MIN_WIDTH, MAX_WIDTH = 60, 240
 
 def render(report: Report, exit_code: int, fmt: str, *, expand: bool = False,
            color: bool = False, width: int = 80, show_info: bool = False) -> str:
+    own: tuple[str, ...] = ()
+    if color and fmt == "table":
+        from qaudit.render.table import COLOR_SEQUENCES
+
+        # Input text escaped before qaudit adds its colours, so that only those are kept.
+        report, own = escaped_strings(report), COLOR_SEQUENCES
     text = _render(report, exit_code, fmt, expand=expand, color=color, width=width,
                    show_info=show_info)
-    return text if fmt == "github" else defuse(text)
+    return defuse(text, own_sequences=own, commands=fmt != "github")
 
 
 def _render(report: Report, exit_code: int, fmt: str, *, expand: bool,
@@ -148,12 +154,12 @@ def deliver(emission: Emission, stdout: TextIO | None = None, stderr: TextIO | N
         try:
             append_file(path, text + "\n")
         except OSError as exc:
-            stderr.write(f"warning: cannot append to GITHUB_STEP_SUMMARY {path}: "
-                         f"{exc.strerror or exc}\n")
+            stderr.write(defuse(f"warning: cannot append to GITHUB_STEP_SUMMARY {path}: "
+                                f"{exc.strerror or exc}") + "\n")
     stdout.write(emission.stdout)
     stdout.flush()
     if emission.stderr:
-        stderr.write(emission.stderr)
+        stderr.write(defuse(emission.stderr, commands=False))
 
 
 def emit(report: Report, exit_code: int, stdout_format: str, outputs: list[tuple[str, str]],

@@ -452,8 +452,9 @@ def _target_text(target: object, option: str) -> str | None:
     source, note = target.get("source"), target.get("note")
     if source == "installed":
         how = f"installed: {target.get('location')}" + (f"; {note}" if note else "")
-    elif source == "named":
-        how = f"named with {option}"
+    elif source == "named":  # a PATH given to the option names its location
+        how = f"named with {option}" + (f" {target.get('location')}" if target.get("location")
+                                        else "") + (f"; {note}" if note else "")
     else:
         how = "assumed" + (f": {note}" if note else "")
     return printable(f"{label} ({how})")

@@ -35,6 +35,13 @@ def _line(item: Audited) -> str:
 
 
 def render_many(items: list[Audited], fmt: str) -> str:
+    """Every format goes through `defuse`, as one report's does (render/defuse.py)."""
+    from qaudit.render.defuse import defuse
+
+    return defuse(_render_many(items, fmt), commands=fmt != "github")
+
+
+def _render_many(items: list[Audited], fmt: str) -> str:
     worst = worst_code(items)
     if fmt == "table":
         lines = [_line(item) for item in items]

@@ -31,6 +31,7 @@ VERDICT_NAMES = 3  # at most this many module names in a verdict entry, then "+N
 _RESET = "\033[0m"
 _STYLES = {"bad": "\033[1;31m", "ok": "\033[32m", "warning": "\033[33m", "info": "\033[36m",
            "dim": "\033[2m", "bold": "\033[1m"}
+COLOR_SEQUENCES = (_RESET, *_STYLES.values())  # the only control sequences the table prints
 
 
 def _painter(color: bool) -> Callable[[str, str], str]:

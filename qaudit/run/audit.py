@@ -40,10 +40,13 @@ class AuditRun:
     snapshot: dict[str, torch.Tensor] | None
 
 
-def megatron_target(options: AuditOptions) -> MegatronTarget:
+def megatron_target(options: AuditOptions, config: ModelConfig | None = None) -> MegatronTarget:
+    """--megatron resolved; with `auto` and no Megatron read, the one the config's writer pins
+    (`ConfigSource.assumed_megatron`, set by the Megatron-Bridge reader) when it names one."""
     if isinstance(options.megatron, MegatronTarget):
         return options.megatron
-    return resolve_megatron(options.megatron)
+    source = config.source if config is not None else None
+    return resolve_megatron(options.megatron, assumed=getattr(source, "assumed_megatron", None))
 
 
 def te_target(options: AuditOptions) -> TETarget:

@@ -39,5 +39,9 @@ class AuditOptions:
     world: World | None = None
     # --cross-check: also build and run the config with the installed Megatron and compare.
     cross_check: bool = False
+    # --cross-check-timeout / --cross-check-memory: the worker's wall-clock deadline (seconds)
+    # and how far its address space may grow (MiB); qaudit/crosscheck/worker.py.
+    cross_check_timeout: float = 900.0
+    cross_check_memory: int | None = 16384
     # --allow-long-audit: run even when the estimate is over qaudit.run.cost.MAX_SECONDS.
     allow_long_audit: bool = False

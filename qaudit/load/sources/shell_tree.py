@@ -28,6 +28,13 @@ _PREFIX_ASSIGNMENTS = tree_sitter.Query(_LANGUAGE, "(command (variable_assignmen
                                                    "(variable_assignments (variable_assignment) @a)")
 _BLANK_AFTER = re.compile(rb"(?<!\\)[ \t\n]")
 MAX_REPAIRS = 50  # parses per script; each repairs every misread line it finds
+# tree-sitter-bash's own time grows with the square of the expansions (`$`) and here-document
+# starts (`<<`) on one line: an unquoted here-document line of 40,000 `$A ` takes 10 s to
+# parse, 8,000 `<<E` on one line 5 s. Before parsing, each line costs the square of its count
+# of both; real scripts have at most 4 per line (100 in all in the corpus), the bound allows
+# a line of 1,000 and keeps the parse under 0.1 s.
+MAX_LINE_WORK = 1_000_000
+_LINE_STARTS = re.compile(rb"\$|<<")
 # Node types of whole statements (and comments).
 _STATEMENTS = {"comment", "command", "variable_assignment", "variable_assignments",
                "declaration_command", "unset_command", "test_command", "if_statement",
@@ -47,12 +54,9 @@ class Script:
         # from a caller; they travel through as they are.
         self.source = text.encode("utf-8", "surrogatepass")
         self._line_starts = [0] + [i + 1 for i, b in enumerate(self.source) if b == 10]
+        self.prescan_work = self._prescan()
         self.root = self._parse()
         self._refuse_broken()
-        if self.root.descendant_count > MAX_NODES:
-            raise InputError(f"cannot read the script: more than {MAX_NODES:,} words, operators "
-                             f"and quoted or expanded parts (real launch scripts have a few "
-                             f"thousand)", file=file, line=1)
 
     def _parse(self):
         """The tree, with tree-sitter-bash's misreading of `A=1 B=2<newline>cmd` repaired.
@@ -66,6 +70,9 @@ class Script:
         source = bytearray(self.source)
         for _ in range(MAX_REPAIRS):
             root = _PARSER.parse(bytes(source)).root_node
+            # Before any query: a query's time grows with the tree's size times its depth
+            # (a 120,000-term `a && b && ...` is one left-deep chain).
+            self._refuse_large(root)
             repairs = []
             for node in tree_sitter.QueryCursor(_PREFIX_ASSIGNMENTS).captures(root).get("a", []):
                 after = node.next_named_sibling
@@ -79,6 +86,27 @@ class Script:
                 source[offset] = ord(";")
         raise InputError("cannot read the script: too many lines of several assignments "
                          "followed by a command", file=self.file)
+
+    def _prescan(self) -> int:
+        """The counted work of the bound above (the sum over lines of the square of their
+        `$` and `<<`); InputError naming the line where it passes MAX_LINE_WORK."""
+        work, start = 0, 0
+        for piece in self.source.split(b"\n"):
+            count = len(_LINE_STARTS.findall(piece))
+            work += count * count
+            if work > MAX_LINE_WORK:
+                raise InputError(f"cannot read the script: more than {MAX_LINE_WORK:,} units of "
+                                 "parsing work (each line costs the square of its `$` and `<<`; "
+                                 "real launch scripts have a few per line)", file=self.file,
+                                 line=self.line_at(start))
+            start += len(piece) + 1
+        return work
+
+    def _refuse_large(self, root) -> None:
+        if root.descendant_count > MAX_NODES:
+            raise InputError(f"cannot read the script: more than {MAX_NODES:,} words, operators "
+                             f"and quoted or expanded parts (real launch scripts have a few "
+                             f"thousand)", file=self.file, line=1)
 
     def _refuse_broken(self) -> None:
         if not self.root.has_error:

@@ -27,7 +27,10 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from qaudit.plan.policies import REARM_SETTINGS
-from qaudit.plan.upstream.dist_info import dist_info_version
+from qaudit.plan.upstream.bounded import RefusedRead, is_dir, is_file, read_regular, shown
+from qaudit.plan.upstream.dist_info import VersionRead, dist_info_version, plausible_version
+from qaudit.plan.upstream.editable import finder_roots, pth_roots
+from qaudit.plan.upstream.git_head import checkout_commit
 from qaudit.plan.upstream.releases import MegatronBehaviour
 
 _MAX_SOURCE_BYTES = 8 * 1024 * 1024
@@ -51,68 +54,99 @@ class MegatronLocation:
     root: Path  # the sys.path entry holding megatron/core/
     version: str | None  # the package's own version, or package_info.py's for a checkout
     kind: str  # "package" (a megatron-core distribution is installed there) or "checkout"
+    version_problem: str | None = None  # why no version could be read
+    commit: str | None = None  # a git checkout's HEAD (qaudit/plan/upstream/git_head.py)
+    via: str | None = None  # how Python reaches it when not a sys.path entry (editable install)
 
     def describe(self) -> str:
-        return f"{self.kind} at {self.root}"
+        return f"{self.kind} at {shown(self.root)}" + (f" ({self.via})" if self.via else "")
 
 
 def locate_megatron(search_path: Sequence[str] | None = None) -> MegatronLocation | None:
     """The `megatron.core` that `import megatron.core` would find on `search_path` (sys.path by
     default), without importing anything. The working directory ('' entries) is skipped: qaudit
-    never imports from it."""
-    for entry in search_path if search_path is not None else sys.path:
-        if not isinstance(entry, str) or entry in ("", "."):
-            continue
-        root = Path(entry)
+    never imports from it. After the entries, the directories `.pth` files add and the
+    editable installs' finders (qaudit/plan/upstream/editable.py), as Python asks them."""
+    entries = [Path(entry) for entry in (search_path if search_path is not None else sys.path)
+               if isinstance(entry, str) and entry not in ("", ".")]
+    for root in entries:
         package = root / "megatron"
-        if (package / "__init__.py").is_file() and not (package / "core").is_dir():
+        if is_file(package / "__init__.py") and not is_dir(package / "core"):
             return None  # a regular `megatron` package without core hides later entries
-        if (package / "core" / "__init__.py").is_file():
-            return MegatronLocation(root, *_version_of(root))
+        if is_file(package / "core" / "__init__.py"):
+            return megatron_at_root(root)
+    for found in (pth_roots, finder_roots):
+        for root in entries:
+            for candidate, via in found(root):
+                if is_file(candidate / "megatron" / "core" / "__init__.py"):
+                    return megatron_at_root(candidate, via=via)
     return None
 
 
-def _version_of(root: Path) -> tuple[str | None, str]:
-    """(version, kind): from the distribution's metadata beside it, else package_info.py."""
-    version = dist_info_version(root, "megatron_core-")
-    if version is not None:
-        return version, "package"
-    return _package_info_version(root), "checkout"
+def megatron_at(path: Path) -> MegatronLocation | None:
+    """The Megatron at `path` (`--megatron PATH`): a checkout or a directory holding
+    `megatron/core/`, or `megatron/` or `megatron/core/` itself; None when there is none."""
+    for root in (path, path.parent, path.parent.parent):
+        if is_file(root / "megatron" / "core" / "__init__.py") \
+                and (root == path or path.name in ("megatron", "core")):
+            return megatron_at_root(root)
+    return None
 
 
-def _package_info_version(root: Path) -> str | None:
+def megatron_at_root(root: Path, via: str | None = None) -> MegatronLocation:
+    version, problem, kind = _version_of(root, checkout=via is not None)
+    return MegatronLocation(root, version, kind, version_problem=problem,
+                            commit=checkout_commit(root), via=via)
+
+
+def _version_of(root: Path, checkout: bool) -> tuple[str | None, str | None, str]:
+    """(version, why none, kind): the distribution's metadata beside it, else package_info.py
+    (an editable install's metadata sits in site-packages, not beside its checkout)."""
+    read = VersionRead(None) if checkout else dist_info_version(root, "megatron_core-")
+    if read.version is not None:
+        return read.version, None, "package"
+    version, problem = _package_info_version(root)
+    # A distribution whose METADATA cannot be read is said, even when package_info.py answers.
+    problem = "; ".join(p for p in (read.problem, problem if version is None else None) if p)
+    return version, problem or None, "checkout"
+
+
+def _package_info_version(root: Path) -> tuple[str | None, str | None]:
     try:
         tree = _parse(root / "megatron/core/package_info.py")
-    except UnreadableMegatron:
-        return None
+    except UnreadableMegatron as exc:
+        return None, str(exc)
     parts: dict[str, object] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 \
                 and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant):
             parts[node.targets[0].id] = node.value.value
     numbers = [parts.get(k) for k in ("MAJOR", "MINOR", "PATCH")]
-    if not all(isinstance(n, int) for n in numbers):
-        return None
+    if not all(isinstance(n, int) and 0 <= n < 10**6 for n in numbers):
+        return None, "package_info.py has no MAJOR, MINOR, PATCH numbers"
     pre = parts.get("PRE_RELEASE")
-    return ".".join(str(n) for n in numbers) + (pre if isinstance(pre, str) else "")
+    version = ".".join(str(n) for n in numbers) + (pre if isinstance(pre, str) else "")
+    problem = plausible_version(version)
+    return (None, f"package_info.py holds {problem}") if problem else (version, None)
 
 
 def _parse(path: Path) -> ast.Module:
     try:
-        if path.stat().st_size > _MAX_SOURCE_BYTES:
-            raise UnreadableMegatron(f"{path} is over {_MAX_SOURCE_BYTES // 2**20} MiB")
-        return ast.parse(path.read_bytes(), filename=str(path))
-    except FileNotFoundError:
-        raise UnreadableMegatron(f"{path} is missing") from None
-    except (OSError, ValueError, SyntaxError, RecursionError) as exc:
-        raise UnreadableMegatron(f"cannot parse {path}: {type(exc).__name__}: {exc}") from None
+        source = read_regular(path, _MAX_SOURCE_BYTES, whole=True)
+    except RefusedRead as exc:
+        raise UnreadableMegatron(str(exc)) from None
+    try:
+        return ast.parse(source, filename=str(path))
+    except (ValueError, SyntaxError, RecursionError, MemoryError) as exc:
+        raise UnreadableMegatron(f"cannot parse {shown(path)}: {type(exc).__name__}: "
+                                 f"{str(exc)[:200]}") from None
 
 
 def read_behaviour(location: MegatronLocation) -> MegatronBehaviour:
     """The tracking behaviour and settings of the Megatron at `location`, read from its code."""
     root = location.root
     module_tree = _parse(root / _MODULE_PY)
-    wrapper_path = next((root / f for f in _TE_WRAPPER_FILES if (root / f).is_file()), None)
+    wrapper_path = next((root / f for f in _TE_WRAPPER_FILES if is_file(root / f)), None)
     if wrapper_path is None:
         raise UnreadableMegatron("no TE wrappers (megatron/core/extensions/transformer_engine.py)")
     wrapper_tree = _parse(wrapper_path)
@@ -139,7 +173,7 @@ def _missing_fields(root: Path) -> frozenset[str]:
     present: set[str] = set()
     for relative in _CONFIG_FILES:
         path = root / relative
-        if not path.is_file():
+        if not is_file(path):
             continue
         for node in ast.walk(_parse(path)):
             if isinstance(node, ast.ClassDef):

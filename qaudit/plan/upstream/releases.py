@@ -3,7 +3,8 @@
 Every row was read from that release's wheel on the package index by `scripts/megatron-releases`,
 which runs qaudit's own source reader (qaudit/plan/upstream/detect.py) over each wheel and checks the
 result against this table; docs/megatron-releases.md is the table with the files and functions
-each column comes from. `main` is Megatron-LM main as qaudit models it (PR #6965 merged).
+each column comes from. `main` is Megatron-LM main as qaudit models it: commit d98e8a64 with
+PR #6965 merged (qaudit/plan/upstream/commits.py defines it, beside the commits known by name).
 """
 
 from __future__ import annotations

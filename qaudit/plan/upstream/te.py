@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from qaudit.errors import InputError
-from qaudit.plan.upstream.dist_info import dist_info_version
+from qaudit.plan.upstream.bounded import (RefusedRead, is_dir, is_file, names_a_path,
+                                          read_text, shown)
+from qaudit.plan.upstream.dist_info import VersionRead, dist_info_version, plausible_version
 
 # TE releases whose Python sources qaudit's facts were read in: every tag from v1.9 (the
 # first with GroupedLinear) to v2.18, and the 2.20.2 wheel from the package index.
@@ -42,7 +44,8 @@ CHOOSE_TE_HINT = "pass --te VERSION for the Transformer Engine you run"
 
 def te_version_key(version: str) -> tuple[int, ...] | None:
     """(2, 20, 2) for '2.20.2', '2.20.2+cu12', 'v2.20'; None when it is no version."""
-    match = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
+    # Bounded digits: int() of thousands of digits raises, and no release number is that long.
+    match = re.match(r"^v?(\d{1,6})\.(\d{1,6})(?:\.(\d{1,6}))?(?!\d)", version.strip()[:64])
     if not match:
         return None
     return tuple(int(part) for part in match.groups(default="0"))
@@ -104,26 +107,51 @@ def resolve_te(spec: str = "auto", search_path: Sequence[str] | None = None) -> 
         return _installed_or_assumed(search_path)
     version = spec[1:] if spec[:1] in ("v", "V") and spec[1:2].isdigit() else spec
     if version != TE_MAIN and version not in TE_RELEASES:
+        if names_a_path(spec):
+            return _te_at_path(spec)
         raise InputError(f"--te {spec!r}: not a Transformer Engine release qaudit knows; use "
-                         f"auto, main or one of: {', '.join(TE_RELEASES)}")
+                         f"auto, main, one of: {', '.join(TE_RELEASES)}, or the directory a "
+                         "transformer_engine/ package is in")
     return TETarget("named", version)
 
 
+def _te_at_path(spec: str) -> TETarget:
+    """`--te PATH`: the directory holding `transformer_engine/` (or that package itself), its
+    version read as `auto` reads the importable one's."""
+    path = Path(spec).expanduser()
+    if not is_dir(path):
+        raise InputError(f"--te {shown(spec)}: no such directory")
+    root = path.parent if path.name == "transformer_engine" else path
+    found = find_te([str(root)])
+    if found is None:
+        raise InputError(f"--te {shown(spec)}: no transformer_engine/ package there")
+    read = found[1]
+    if read.version is None or te_version_key(read.version) is None:
+        why = f" ({read.problem})" if read.problem else ""
+        raise InputError(f"--te {shown(spec)}: no version in its metadata{why}; "
+                         f"{CHOOSE_TE_HINT}")
+    return TETarget("named", read.version, location=str(root), note=_newer_note(read.version))
+
+
 def _installed_or_assumed(search_path: Sequence[str] | None) -> TETarget:
-    found = locate_te(search_path)
+    found = find_te(search_path)
     if found is None:
         return newest_te(f"no Transformer Engine importable, the newest release qaudit knows; "
                          f"{CHOOSE_TE_HINT}")
-    root, version = found
+    root, read = found
+    version = read.version
     if version is None or te_version_key(version) is None:
-        return newest_te(f"found Transformer Engine at {root} but no version in its metadata; "
-                         f"{CHOOSE_TE_HINT}")
-    key = te_version_key(version)
-    note = None
-    if key > te_version_key(NEWEST_TE):
-        note = (f"newer than the newest release qaudit was checked against ({NEWEST_TE}): "
+        why = f" ({read.problem})" if read.problem else ""
+        return newest_te(f"found Transformer Engine at {shown(root)} but no version in its "
+                         f"metadata{why}; {CHOOSE_TE_HINT}")
+    return TETarget("installed", version, location=str(root), note=_newer_note(version))
+
+
+def _newer_note(version: str) -> str | None:
+    if te_version_key(version) > te_version_key(NEWEST_TE):
+        return (f"newer than the newest release qaudit was checked against ({NEWEST_TE}): "
                 "audited with that release's behaviour")
-    return TETarget("installed", version, location=str(root), note=note)
+    return None
 
 
 _DIST_PREFIXES = ("transformer_engine-", "transformer_engine_torch-", "transformer_engine_cu12-",
@@ -134,29 +162,39 @@ def locate_te(search_path: Sequence[str] | None = None) -> tuple[Path, str | Non
     """(sys.path entry holding `transformer_engine/`, its version or None), as `import
     transformer_engine` would find it, without importing anything. The working directory ('')
     is skipped as in qaudit/plan/upstream/detect.py."""
+    found = find_te(search_path)
+    return None if found is None else (found[0], found[1].version)
+
+
+def find_te(search_path: Sequence[str] | None = None) -> tuple[Path, VersionRead] | None:
+    """`locate_te` with the reason when no version could be read."""
     for entry in search_path if search_path is not None else sys.path:
         if not isinstance(entry, str) or entry in ("", "."):
             continue
         root = Path(entry)
-        package = root / "transformer_engine"
-        try:
-            if not (package / "__init__.py").is_file():
-                continue
-        except OSError:
-            continue
-        return root, _version_beside(root)
+        if is_file(root / "transformer_engine" / "__init__.py"):
+            return root, _version_beside(root)
     return None
 
 
-def _version_beside(root: Path) -> str | None:
+def _version_beside(root: Path) -> VersionRead:
     """From the distributions' METADATA next to the package: the meta package's first, then
     the framework and core wheels' (all carry the same release number)."""
+    problems = []
     for prefix in _DIST_PREFIXES:
-        version = dist_info_version(root, prefix)
-        if version is not None:
-            return version
-    try:  # a source checkout on PYTHONPATH keeps its number in build_tools/VERSION.txt
-        text = (root / "build_tools" / "VERSION.txt").read_text(errors="replace")[:200]
-    except OSError:
-        return None
-    return text.strip().splitlines()[0] if text.strip() else None
+        read = dist_info_version(root, prefix)
+        if read.version is not None:
+            return read
+        if read.problem:
+            problems.append(read.problem)
+    # A source checkout on PYTHONPATH keeps its number in build_tools/VERSION.txt.
+    version_file = root / "build_tools" / "VERSION.txt"
+    try:
+        lines = read_text(version_file, 256).strip().splitlines()
+    except RefusedRead as exc:
+        return VersionRead(None, "; ".join(problems + ([] if exc.missing else [str(exc)])) or None)
+    version = lines[0].strip() if lines else ""
+    problem = plausible_version(version) if version else "no version"
+    if problem is None:
+        return VersionRead(version)
+    return VersionRead(None, "; ".join(problems + [f"{shown(version_file)} holds {problem}"]))
