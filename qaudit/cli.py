@@ -71,10 +71,11 @@ class DeviceChoice(str, Enum):
     cuda = "cuda"
 
 
-# One line each in `check --help` (it fits a screen); docs/usage.md has the details.
-MEGATRON_HELP = "The Megatron the verdict is for (auto: installed, else the newest)."
-TE_HELP = "The Transformer Engine the verdict is for (auto: as --megatron)."
-POLICY_HELP = "Override the Megatron's is_first_microbatch tracking."
+# One line each in `check --help` (it fits a screen); docs/usage.md has the details: the
+# Megatron / Transformer Engine the verdict is for.
+MEGATRON_HELP = "Megatron judged: auto|main|VERSION|COMMIT|PATH"
+TE_HELP = "Transformer Engine judged: auto|main|VERSION|PATH"
+POLICY_HELP = "Override the is_first_microbatch tracking."
 
 
 def _fail(message: str, code: int) -> None:
@@ -91,19 +92,17 @@ def check(
                                          help="Quant recipe YAML (wins over quant_recipe)."),
     set_values: Optional[list[str]] = typer.Option(None, "--set", metavar="NAME=VALUE",
                                                    help="A value a script takes from outside."),
-    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION|COMMIT|PATH",
-                                 show_default=False, help=MEGATRON_HELP),
-    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION|PATH", show_default=False,
-                           help=TE_HELP),
+    megatron: str = typer.Option("auto", "--megatron", metavar="WHICH", show_default=False,
+                                 help=MEGATRON_HELP),
+    te: str = typer.Option("auto", "--te", metavar="WHICH", show_default=False, help=TE_HELP),
     policy: Optional[Policy] = typer.Option(None, metavar="NAME", help=POLICY_HELP),
     steps: int = typer.Option(2, min=1, max=100, metavar="N", show_default=False,
-                              help="Training steps, 1-100 (default 2)."),
+                              help="Training steps (default 2)."),
     microbatches: int = typer.Option(2, min=1, max=64, metavar="N", show_default=False,
-                                     help="Microbatches per step, 1-64 (default 2)."),
+                                     help="Microbatches per step (default 2)."),
     output_format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
                                                metavar="FORMAT", show_default=False,
-                                               help="table (default), markdown, json, sarif, "
-                                               "github."),
+                                               help="table, markdown, json, sarif or github."),
     output: Optional[list[str]] = typer.Option(None, "--output", "-o", metavar="FORMAT=PATH",
                                                help="Also write FORMAT (or svg) to PATH."),
     fail_on: FailOn = typer.Option(FailOn.error, metavar="SEVERITY", show_default=False,
@@ -143,10 +142,10 @@ def check(
     cross_check_timeout: float = typer.Option(900.0, "--cross-check-timeout", min=0.1,
                                               max=86400.0, metavar="SECONDS",
                                               show_default=False,
-                                              help="--cross-check worker deadline (900)."),
+                                              help="Cross-check worker deadline (900)."),
     cross_check_memory: int = typer.Option(16384, "--cross-check-memory", min=0, metavar="MIB",
                                            show_default=False,
-                                           help="--cross-check worker memory (16384; 0: none)."),
+                                           help="Cross-check worker memory (16384)."),
     allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run past the "
                                           "10-minute estimate."),
 ) -> None:
