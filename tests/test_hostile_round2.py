@@ -590,17 +590,18 @@ def test_dev_stdout_gets_the_report_and_stays_a_device(tmp_path):
 
 # The rename waits until the test has sent its signal (the "go" file), however slow the
 # machine: a fixed sleep let a loaded machine signal only after the write had finished.
+# write_file renames with os.rename(..., src_dir_fd=, dst_dir_fd=) (files/outputs.py).
 WRITER = """
 import os, sys, time
 from qaudit.files import outputs
-real_replace = os.replace
-def slow_replace(src, dst):
+real_rename = os.rename  # write_file renames the temporary file in its directory's fd
+def slow_rename(*args, **kwargs):
     open(sys.argv[2], "w").write("ready")
     deadline = time.monotonic() + 600  # a hang guard only
     while not os.path.exists(sys.argv[3]) and time.monotonic() < deadline:
         time.sleep(0.01)
-    real_replace(src, dst)
-os.replace = slow_replace
+    real_rename(*args, **kwargs)
+os.rename = slow_rename
 outputs.write_file(sys.argv[1], "report\\n" * 1000)
 """
 
@@ -613,7 +614,7 @@ def test_no_temporary_file_is_left_when_killed(tmp_path, signum):
     child = subprocess.Popen([sys.executable, "-c", WRITER, str(target), str(ready), str(go)],
                              cwd=REPO, stderr=subprocess.PIPE)
     deadline = time.time() + 600
-    while not ready.exists() and time.time() < deadline:
+    while not ready.exists() and child.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert ready.exists(), child.stderr.read() if child.poll() is not None else "not ready"
     child.send_signal(signum)  # while the temporary file exists
