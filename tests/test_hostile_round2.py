@@ -592,7 +592,12 @@ def test_dev_stdout_gets_the_report_and_stays_a_device(tmp_path):
 # machine: a fixed sleep let a loaded machine signal only after the write had finished.
 # write_file renames with os.rename(..., src_dir_fd=, dst_dir_fd=) (files/outputs.py).
 WRITER = """
-import os, sys, time
+import os, signal, sys, time
+# As started from a terminal: a child of nohup or of a background job inherits SIGHUP or
+# SIGINT ignored, and an ignored signal is not delivered after the rename either.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 from qaudit.files import outputs
 real_rename = os.rename  # write_file renames the temporary file in its directory's fd
 def slow_rename(*args, **kwargs):
