@@ -17,3 +17,13 @@ import warnings  # noqa: E402  (after the path is safe)
 
 # torch warns at import when NumPy is absent; qaudit never hands tensors to NumPy.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+
+def __getattr__(name: str):
+    """`from qaudit import audit` (qaudit/api.py), loaded on first use so that `import qaudit`
+    stays light."""
+    if name in ("audit", "AuditReport", "AuditFailed"):
+        from qaudit import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'qaudit' has no attribute {name!r}")

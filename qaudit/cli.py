@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from qaudit import __version__
+from qaudit.commands.targets import split_targets  # noqa: F401  (one definition, commands/)
 from qaudit.commands.written import written_files
 from qaudit.errors import EnvironmentProblem, InputError, printable
 
@@ -85,9 +86,13 @@ def _fail(message: str, code: int) -> None:
 
 @app.command()
 def check(
-    targets: list[str] = typer.Argument(..., metavar="CONFIG", show_default=False,
-                                        help="TransformerConfig YAML, launch script, "
-                                        "MODEL_ARGS YAML, or a directory of them."),
+    targets: list[str] = typer.Argument(..., metavar="CONFIG [KEY=VALUE ...]", show_default=False,
+                                        help="Configs (YAML, launch script, MODEL_ARGS YAML, "
+                                        "Bridge ConfigContainer) or a directory of them; after "
+                                        "one Bridge config, Hydra-style overrides."),
+    override_files: Optional[list[str]] = typer.Option(None, "--override", metavar="FILE",
+                                                       help="A Bridge override YAML; "
+                                                       "repeatable."),
     recipe: Optional[str] = typer.Option(None, "--recipe", "-r", metavar="FILE",
                                          help="Quant recipe YAML (wins over quant_recipe)."),
     set_values: Optional[list[str]] = typer.Option(None, "--set", metavar="NAME=VALUE",
@@ -159,15 +164,19 @@ def check(
     from qaudit.run.options import AuditOptions
 
     follow_output_links(allow_symlinked_output)
-    paths, overrides = split_targets(targets)
-    if overrides:
-        _fail(f"error: {overrides[0]}: overrides need a Megatron-Bridge config", EXIT_USAGE)
+    paths, arguments = split_targets(targets)
     if not paths:
         _fail("error: no config given", EXIT_USAGE)
+    if (arguments or override_files) and len(paths) != 1:
+        _fail(f"error: overrides apply to one Megatron-Bridge config, got {len(paths)} paths "
+              f"({', '.join(paths)})", EXIT_USAGE)
     try:
         files, several = expand_targets(paths)
     except InputError as exc:
         _fail(f"error: {exc}", EXIT_USAGE)
+    if several and (arguments or override_files):
+        _fail(f"error: {paths[0]}: overrides apply to one Megatron-Bridge config, not a "
+              "directory", EXIT_USAGE)
     try:
         world = distributed.world_from_environment()
         if world is not None:
@@ -176,6 +185,10 @@ def check(
             distributed.join(world)
     except EnvironmentProblem as exc:
         _fail(f"error: {exc}", EXIT_INTERNAL)
+    from qaudit.load.bridge.overrides import Override
+
+    overrides = tuple([Override(path=path) for path in override_files or []]
+                      + [Override(text=text, index=targets.index(text) + 1) for text in arguments])
     options = AuditOptions(policy=policy.value if policy else None, megatron=megatron, te=te,
                            steps=steps, microbatches=microbatches,
                            runtime=runtime.value, device=device.value if device else None,
@@ -184,7 +197,7 @@ def check(
                            full_size=full_size, rank=rank, world=world, cross_check=cross_check,
                            cross_check_timeout=cross_check_timeout,
                            cross_check_memory=cross_check_memory or None,
-                           allow_long_audit=allow_long_audit)
+                           allow_long_audit=allow_long_audit, overrides=overrides)
     if several:
         from qaudit.commands.many import check_many
 
@@ -219,7 +232,8 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
         return code
 
     inputs = [("config", config)] + ([("recipe", recipe)] if recipe else []) \
-        + ([("baseline", baseline)] if baseline else [])
+        + ([("baseline", baseline)] if baseline else []) \
+        + [("override", o.path) for o in options.overrides if o.path is not None]
     try:
         outputs = parse_outputs(output)
         baselines = prepare_baseline(baseline, write_baseline)
@@ -238,7 +252,7 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
         # Inputs load before torch is imported: a bad file is refused at once. Under torchrun
         # the ranks agree on the loading outcome inside audit_files.
         if options.world is None:
-            loaded = load_inputs(config, recipe, dict(options.variables))
+            loaded = load_inputs(config, recipe, dict(options.variables), options.overrides)
             from qaudit.commands.check import audit_inputs
 
             report = audit_inputs(*loaded, options, suggest=suggest_fixes)

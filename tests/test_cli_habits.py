@@ -65,10 +65,13 @@ def test_split_targets_tells_paths_from_overrides(tmp_path, monkeypatch):
     assert overrides == ["model.mtp_num_layers=2", "+model.x=1", "~model.y"]
 
 
-def test_overrides_without_a_bridge_config_exit_2():
-    result = invoke("check", str(CONFIGS / "gpt-small-bf16.yaml"), "model.mtp_num_layers=2")
+def test_overrides_take_one_config():
+    result = invoke("check", str(CONFIGS / "gpt-small-bf16.yaml"),
+                    str(CONFIGS / "moe-mxfp8.yaml"), "model.mtp_num_layers=2")
     assert result.exit_code == 2
-    assert "model.mtp_num_layers=2: overrides need a Megatron-Bridge config" in result.stderr
+    assert "overrides apply to one Megatron-Bridge config, got 2 paths" in result.stderr
+    result = invoke("check", str(CONFIGS), "model.mtp_num_layers=2")
+    assert result.exit_code == 2 and "not a directory" in result.stderr
 
 
 def test_a_directory_is_its_configs_not_its_subfolders(tmp_path):

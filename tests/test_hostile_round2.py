@@ -823,7 +823,7 @@ def test_long_runs_are_estimated_and_refused_unless_allowed(tmp_path, monkeypatc
 def test_estimate_counts_modules_expert_gemms_and_microbatches(repo_configs):
     """The estimate is counted work: one unit per module and per extra expert GEMM of a
     grouped module, per microbatch and run. How many seconds a unit takes on a 2-core CPU is
-    measured by scripts/bench (docs/performance.md), not here."""
+    a measurement (docs/performance.md), not a test's."""
     from qaudit.commands.check import load_inputs
     from qaudit.model.gpt import build_model
     from qaudit.model.session import Session

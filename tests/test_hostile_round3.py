@@ -186,6 +186,21 @@ def test_a_worker_result_comes_back_and_its_output_does_not(capfd):
     assert "UPSTREAM" not in "".join(capfd.readouterr())
 
 
+def test_a_worker_never_waits_on_qaudit(capfd):
+    """qaudit's own audit may outlast the deadline: a worker that finished in time (after
+    printing and returning more than a pipe holds) is collected, not called hung."""
+    from qaudit.crosscheck import worker
+
+    def chatty():
+        os.write(1, b"UPSTREAM " * 200_000)
+        return list(range(200_000))
+
+    job = worker.ForkedWorker(chatty, (), worker.WorkerLimits(timeout_s=1), "test")
+    time.sleep(3)  # qaudit's own audit, longer than the worker's deadline
+    assert job.result() == list(range(200_000))
+    assert "UPSTREAM" not in "".join(capfd.readouterr())
+
+
 def test_in_process_the_same_holds(capfd):
     """No fork (or a GPU build): output captured, exits and interrupts turned into exit 3,
     and the deadline kept with SIGALRM."""

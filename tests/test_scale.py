@@ -54,10 +54,13 @@ def test_llama_405b_parameter_count(repo_configs):
     assert 400e9 < model_params(config) < 410e9
 
 
-def test_full_size_refuses_what_cannot_fit_before_building(repo_configs, monkeypatch):
+def test_full_size_with_verify_refuses_what_cannot_fit_before_building(repo_configs, monkeypatch):
+    """--verify needs gradient values, so its real-width build is on the CPU and must fit
+    (without --verify, --full-size builds on the meta device: tests/test_full_size.py)."""
     monkeypatch.setattr("qaudit.run.audit.available_memory_bytes", lambda: 8 * 2**30)
     with pytest.raises(InputError) as error:
-        audit_files(str(repo_configs / "deepseek-v3-mtp-fp8.yaml"), options=AuditOptions(full_size=True))
+        audit_files(str(repo_configs / "deepseek-v3-mtp-fp8.yaml"),
+                    options=AuditOptions(full_size=True, verify=True))
     message = str(error.value)
     assert message.startswith("configs/deepseek-v3-mtp-fp8.yaml") or "deepseek-v3-mtp-fp8.yaml" in message
     assert "GiB" in message and "8.0 GiB is available" in message

@@ -11,6 +11,7 @@ import torch
 from qaudit.errors import InputError
 from qaudit.judge.report import Finding, ModuleRow, Report
 from qaudit.judge.rules import judge
+from qaudit.load.bridge import locate_error
 from qaudit.load.config import ModelConfig
 from qaudit.load.recipe import QuantRecipe
 from qaudit.plan.policies import COMPARED_POLICIES, POLICIES
@@ -27,7 +28,8 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 def audit_files(config_path: str, recipe_path: str | None = None,
                 options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
     config, recipe = agreed(options.world,
-                            lambda: load_inputs(config_path, recipe_path, dict(options.variables)))
+                            lambda: load_inputs(config_path, recipe_path, dict(options.variables),
+                                                        options.overrides))
     return audit_inputs(config, recipe, options, suggest)
 
 
@@ -36,13 +38,51 @@ def audit_inputs(config: ModelConfig, recipe: QuantRecipe | None,
     """Audit inputs already loaded (`load_inputs`), with `--suggest`'s remedies when asked."""
     options = replace(options, megatron=megatron_target(options, config),  # once, for every re-audit
                       te=te_target(options))
-    report = audit_config(config, recipe, options)
+    try:
+        report = _audit_alternatives(config, recipe, options)
+    except InputError as exc:  # about a field a Bridge override set: at the override
+        raise locate_error(exc, config.source) from None
     if suggest:
         from qaudit.commands.suggest import suggest as find_remedies
 
         report.suggestions = [asdict(s) for s in find_remedies(config, recipe, options, report,
                                                                    reaudit=audit_config)]
     return report
+
+
+def _audit_alternatives(config: ModelConfig, recipe: QuantRecipe | None,
+                        options: AuditOptions) -> Report:
+    """Audit every value of a setting the file cannot pin down (a Bridge dump's
+    gradient_accumulation_fusion: false may be the build machine's probe) and keep the worse
+    report: a higher exit code, then more errors, then more warnings; the first on a tie."""
+    source = config.source
+    alternatives = dict(source.alternatives) if source is not None else {}
+    header = list(source.header_notes) if source is not None else []
+    if not alternatives:
+        report = audit_config(config, recipe, options)
+    else:
+        key, values = next(iter(alternatives.items()))  # readers give one such setting
+        reports = [(value, audit_config(replace(config, **{key: value}), recipe, options))
+                   for value in values]
+
+        def badness(item: tuple[object, Report]) -> tuple[int, int, int]:
+            counts = item[1].counts()
+            return (item[1].exit_code(), counts.get("error", 0), counts.get("warning", 0))
+
+        worst_value, report = max(reports, key=badness)  # max keeps the first of equals
+        shown = ", ".join(f"{_yaml_word(v)}: {r.counts().get('error', 0)} error(s)"
+                          for v, r in reports)
+        header.append(f"{key} {shown}; reported: {_yaml_word(worst_value)}"
+                      + (" (the worse)" if len({badness(item) for item in reports}) > 1
+                         else " (same verdict)"))
+    if source is not None and source.origin is not None:
+        report.source = header
+    return report
+
+
+def _yaml_word(value: object) -> str:
+    return {True: "true", False: "false", None: "null"}.get(value, str(value)) \
+        if isinstance(value, (bool, type(None))) else str(value)
 
 
 def _sorted_findings(findings: list[Finding], rows: list[ModuleRow]) -> list[Finding]:
@@ -124,6 +164,11 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
                     megatron=megatron_target(options).to_dict(), te=te_target(options).to_dict())
     if run.facts.cross_check is not None:
         report.cross_check = run.facts.cross_check.to_dict()
+    report.memory = run.memory
+    if options.full_size:
+        from qaudit.judge.rules.qa040_gemm_shape import gemm_shapes
+
+        report.gemm_shapes = gemm_shapes(run.facts)
     if options.compare_policies:
         report.policies = compare_policies(config, recipe, options, rows)
     if options.rank is not None:

@@ -3,18 +3,24 @@ empty or malformed file is refused before the heavy imports."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
+from qaudit.errors import InputError
 from qaudit.load import load_files
+from qaudit.load.bridge import locate_error
 from qaudit.load.config import ModelConfig
 from qaudit.load.recipe import QuantRecipe
 from qaudit.plan import check_plan
 
 
 def load_inputs(config_path: str, recipe_path: str | None = None,
-                variables: Mapping[str, str] | None = None) -> tuple[ModelConfig, QuantRecipe | None]:
+                variables: Mapping[str, str] | None = None,
+                overrides: Sequence[str] = ()) -> tuple[ModelConfig, QuantRecipe | None]:
     """The inputs, loaded (qaudit/load) and checked against what the plan needs (a pipeline
     split Megatron would reject is refused here)."""
-    config, recipe = load_files(config_path, recipe_path, variables)
-    check_plan(config)
+    config, recipe = load_files(config_path, recipe_path, variables, overrides)
+    try:
+        check_plan(config)
+    except InputError as exc:
+        raise locate_error(exc, config.source) from None
     return config, recipe

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import torch
 
-from qaudit.load.config import ModelConfig
+from qaudit.load.config import MODELLED_FIELDS, ModelConfig
 from qaudit.plan.dims import model_dims
 from qaudit.load.yamlio import YamlList, YamlMap
 
@@ -109,9 +109,15 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
     kwargs = {key: value for key, value in written.items() if key in known}
     unknown = sorted(key for key in written
                      if key not in known and key not in HANDLED_ELSEWHERE)
+    if config.source is not None and config.source.origin == "bridge":
+        # A Bridge provider subclasses TransformerConfig with fields of its own (and of the
+        # megatron-core it was written with): only a field qaudit models must exist upstream.
+        unknown = [key for key in unknown if key in MODELLED_FIELDS]
     overrides = cpu_overrides(config)
     kwargs.update({key: value for key, value in overrides.items() if key in known})
-    if "gradient_accumulation_fusion" in written:
+    bridge = config.source is not None and config.source.origin == "bridge"
+    if "gradient_accumulation_fusion" in written and not bridge:
+        # (A Bridge dump's value is resolved by its reader, possibly both ways: the config's.)
         kwargs["gradient_accumulation_fusion"] = written["gradient_accumulation_fusion"]
     # num_layers comes from the config as qaudit resolved it only for hybrid patterns.
     kwargs.setdefault("num_layers", config.num_layers)

@@ -28,7 +28,6 @@ SIGALRM; no memory limit is applied there.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import pickle
 import select
@@ -177,7 +176,10 @@ def _child(function: Callable[..., Any], arguments: tuple, limits: WorkerLimits,
 
 
 class ForkedWorker:
-    """`function(*arguments)` in a forked child, started now; `result()` collects it."""
+    """`function(*arguments)` in a forked child, started now; `result()` collects it. A thread
+    drains the child's pipes from the start, so the child never waits on qaudit (its output
+    or a large result would fill a pipe while qaudit runs its own audit) and the deadline
+    measures the child's own time."""
 
     def __init__(self, function: Callable[..., Any], arguments: tuple, limits: WorkerLimits,
                  describe: str) -> None:
@@ -203,6 +205,48 @@ class ForkedWorker:
         self._lifeline = pipes["lifeline"][1]
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)  # as the child does: no window where a kill misses it
+        self._payload, self._output = bytearray(), bytearray()
+        self._done, self._stop = threading.Event(), threading.Event()
+        self._drainer = threading.Thread(target=self._drain, name="qaudit-worker-pipes",
+                                         daemon=True)
+        self._drainer.start()
+
+    def _drain(self) -> None:
+        open_fds = {self._result_fd, self._output_fd}
+        try:
+            while open_fds and not self._stop.is_set():
+                try:
+                    ready, _, _ = select.select(list(open_fds), [], [], 0.2)
+                except InterruptedError:
+                    continue
+                for fd in ready:
+                    self._read(fd, open_fds)
+                if self._complete(self._payload):
+                    self._done.set()
+        except (OSError, ValueError):
+            pass
+        finally:
+            self._done.set()  # complete, or every pipe at EOF, or stopped
+
+    def _read(self, fd: int, open_fds: set[int]) -> None:
+        try:
+            chunk = os.read(fd, 65536)
+        except InterruptedError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            open_fds.discard(fd)
+        elif fd == self._output_fd:
+            self._output += chunk
+            del self._output[:-_OUTPUT_TAIL_BYTES]
+        else:
+            self._payload += chunk
+
+    def _stop_draining(self) -> None:
+        self._stop.set()
+        if self._drainer.is_alive():
+            self._drainer.join(2.0)
 
     def _kill(self) -> None:
         if self.group is not None:
@@ -218,6 +262,8 @@ class ForkedWorker:
         self.pid = None
 
     def _close(self) -> None:
+        if self._drainer.is_alive():
+            return  # never close a descriptor the thread may still select on
         for fd in (self._result_fd, self._output_fd, self._lifeline):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -225,6 +271,7 @@ class ForkedWorker:
 
     def cancel(self) -> None:
         self._kill()
+        self._stop_draining()
         self._close()
 
     def result(self) -> Any:
@@ -235,59 +282,35 @@ class ForkedWorker:
 
     def _collect(self) -> Any:
         deadline = self.started + self.limits.timeout_s
-        payload, output = bytearray(), bytearray()
-        open_fds = {self._result_fd, self._output_fd}
-        while open_fds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise _problem(self.describe, f"the build did not finish within "
-                               f"--cross-check-timeout {self.limits.timeout_s:g} s; the worker "
-                               "was killed", bytes(output))
-            try:
-                ready, _, _ = select.select(list(open_fds), [], [], min(left, 0.5))
-            except InterruptedError:
-                continue
-            for fd in ready:
-                self._read(fd, open_fds, payload, output)
-            if self._complete(payload):
-                break
+        while not self._done.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
             # A process upstream forked may hold the pipes open after the worker ended.
             if self._exited():
-                while self._result_fd in open_fds and select.select(
-                        [self._result_fd], [], [], 0)[0]:
-                    self._read(self._result_fd, open_fds, payload, output)
+                self._done.wait(0.5)  # what the worker wrote before it ended
                 break
+            if time.monotonic() >= deadline:
+                self._kill()
+                self._stop_draining()
+                raise _problem(self.describe, f"the build did not finish within "
+                               f"--cross-check-timeout {self.limits.timeout_s:g} s; the worker "
+                               "was killed", bytes(self._output))
         status = self._wait()
+        self._stop_draining()
+        payload, output = bytes(self._payload), bytes(self._output)
         if not self._complete(payload):
-            raise _problem(self.describe, self._ended(status), bytes(output))
+            raise _problem(self.describe, self._ended(status), output)
         size = _HEADER.unpack_from(payload)[0]
-        kind, value = pickle.loads(bytes(payload[_HEADER.size:_HEADER.size + size]))
+        kind, value = pickle.loads(payload[_HEADER.size:_HEADER.size + size])
         if kind == "value":
             return value
         if kind == "qaudit":
-            last = _last_line(bytes(output))
+            last = _last_line(output)
             if isinstance(value, EnvironmentProblem) and last:
                 raise EnvironmentProblem(f"{value} (its last output: {last})")
             raise value
-        raise _problem(self.describe, value, bytes(output))
-
-    def _read(self, fd: int, open_fds: set[int], payload: bytearray, output: bytearray) -> None:
-        try:
-            chunk = os.read(fd, 65536)
-        except InterruptedError:
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            open_fds.discard(fd)
-        elif fd == self._output_fd:
-            output += chunk
-            del output[:-_OUTPUT_TAIL_BYTES]
-        else:
-            payload += chunk
+        raise _problem(self.describe, value, output)
 
     @staticmethod
-    def _complete(payload: bytearray) -> bool:
+    def _complete(payload: bytes | bytearray) -> bool:
         return (len(payload) >= _HEADER.size
                 and len(payload) >= _HEADER.size + _HEADER.unpack_from(payload)[0])
 

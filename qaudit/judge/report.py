@@ -61,6 +61,15 @@ class Report:
     # --cross-check: the comparison with the installed Megatron (qaudit.crosscheck.CrossCheck
     # .to_dict(): megatron, modules_compared, differences, ...).
     cross_check: dict[str, Any] | None = None
+    # --full-size: parameters and bytes on one rank (qaudit/run/memory.py per_rank_memory).
+    memory: dict[str, Any] | None = None
+    # --full-size: each quantized module's GEMM on one rank, from the real-size build
+    # (qaudit/judge/rules/qa040_gemm_shape.py gemm_shapes).
+    gemm_shapes: list[dict[str, Any]] | None = None
+    # How the config was read when a reader says more than its path: a Megatron-Bridge
+    # ConfigContainer's provider and version, and settings resolved for the GPU job
+    # (qaudit/load/bridge/). None for the other inputs.
+    source: list[str] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
@@ -79,6 +88,7 @@ class Report:
             **({"megatron": self.megatron} if self.megatron is not None else {}),
             **({"te": self.te} if self.te is not None else {}),
             "config": self.config,
+            **({"source": self.source} if self.source is not None else {}),
             "recipe": self.recipe,
             "steps": self.steps,
             "microbatches": self.microbatches,
@@ -92,6 +102,8 @@ class Report:
             **({"suppressed": [asdict(f) for f in self.suppressed]}
                if self.suppressed is not None else {}),
             **({"cross_check": self.cross_check} if self.cross_check is not None else {}),
+            **({"memory": self.memory} if self.memory is not None else {}),
+            **({"gemm_shapes": self.gemm_shapes} if self.gemm_shapes is not None else {}),
         }
 
 

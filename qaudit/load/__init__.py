@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from qaudit.errors import InputError
 from qaudit.load.config import ModelConfig, load_model_config
@@ -13,14 +13,32 @@ from qaudit.load.sources import load_source_config
 
 
 def load_files(config_path: str, recipe_path: str | None = None,
-                variables: Mapping[str, str] | None = None) -> tuple[ModelConfig, QuantRecipe | None]:
+                variables: Mapping[str, str] | None = None,
+                overrides: Sequence[str] = ()) -> tuple[ModelConfig, QuantRecipe | None]:
     """Load the model config and its recipe (`--recipe` wins over `quant_recipe`).
 
     The config is a bash launch script (`.sh` or a shell shebang), a functional-test YAML with
-    `MODEL_ARGS`, or a TransformerConfig YAML (see `qaudit.load.sources`).
+    `MODEL_ARGS`, a Megatron-Bridge ConfigContainer YAML (with `overrides`: override files and
+    `a.b=c` arguments, qaudit/load/bridge/) or a TransformerConfig YAML (see
+    `qaudit.load.sources`).
     """
-    config = load_source_config(Path(config_path), config_path, variables) \
-        or load_model_config(Path(config_path), config_path)
+    from qaudit.load import bridge
+
+    path = Path(config_path)
+    if bridge.is_bridge_file(path, config_path):
+        config, recipe = bridge.load_bridge(path, config_path, overrides)
+        if recipe_path is None:
+            return config, recipe
+    elif overrides:
+        first = overrides[0]
+        raise InputError(f"overrides ({getattr(first, 'label', first)}) apply to a "
+                         "Megatron-Bridge ConfigContainer YAML only; this file is not one (no "
+                         "top-level _target_ naming a ConfigContainer)", file=config_path)
+    else:
+        bridge.refuse_override_file(path, config_path)
+        _refuse_recipe_file(path, config_path)
+        config = load_source_config(path, config_path, variables) \
+            or load_model_config(path, config_path)
     if recipe_path is not None:
         config.quant_recipe = recipe_path
         return config, load_recipe(Path(recipe_path), recipe_path)
@@ -32,3 +50,18 @@ def load_files(config_path: str, recipe_path: str | None = None,
         raise InputError(f"recipe file {display!r} not found (paths are relative to the config file)",
                          file=config.file, line=config.line_of("quant_recipe"), key="quant_recipe")
     return config, load_recipe(Path(display), display)
+
+
+def _refuse_recipe_file(path: Path, display: str) -> None:
+    """A quant recipe (`configs` + `matchers`, e.g. Bridge's te_quant.cfg) given as the config."""
+    from qaudit.load.yamlio import YamlMap, load_yaml
+
+    try:
+        document = load_yaml(path, display)
+    except InputError:
+        return
+    if isinstance(document, YamlMap) and document and set(document) <= {"configs", "matchers"}:
+        raise InputError("a quant recipe file (configs + matchers), not a model config: pass it "
+                         "with --recipe beside the model config, or as the config's "
+                         "quant_recipe", file=display, line=document.line_of(next(iter(document))),
+                         key=str(next(iter(document))))

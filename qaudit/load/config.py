@@ -181,6 +181,10 @@ class ModelConfig:
     def line_of(self, key: str) -> int | None:
         return self.source.line_of(key) if self.source else None
 
+    def where(self, key: str) -> tuple[str | None, int | None]:
+        """The file and line that set `key` (an override file, for a Bridge override)."""
+        return self.source.where(key) if self.source else (None, None)
+
     @property
     def overwrites_main_grad(self) -> bool:
         return self.use_megatron_fsdp and self.data_parallel_sharding_strategy in (
@@ -235,6 +239,7 @@ class SourceNote:
     message: str
     line: int | None = None
     key: str | None = None
+    file: str | None = None  # when not the config's own file (a Bridge override)
     no_effect: bool = False
 
 
@@ -250,11 +255,34 @@ class ConfigSource:
     # MODEL_ARGS files: the ENV_VARS the test runner exports (upstream's validate_args reads
     # some of them).
     environment: dict[str, str] = field(default_factory=dict)
+    # Which reader made it: None (TransformerConfig YAML, launch script, MODEL_ARGS) or
+    # "bridge" (a Megatron-Bridge ConfigContainer, qaudit/load/bridge/).
+    origin: str | None = None
+    # Bridge dumps: the Megatron spec the verdict defaults to when `--megatron auto` finds no
+    # installed Megatron ("bridge-v0.6.0": the Megatron-LM commit Bridge v0.6.0 pins).
+    assumed_megatron: str | None = None
+    # Bridge dumps: the provider class and the Bridge version when the file says it, and
+    # lines for the report header saying how the file was read.
+    provider: str | None = None
+    bridge_version: str | None = None
+    header_notes: list[str] = field(default_factory=list)
+    # Fields set in another file than `file` (an override file or argument): field -> (file, line).
+    origins: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    # Fields the file cannot pin down: field -> every value to audit (the worse verdict wins).
+    alternatives: dict[str, list[Any]] = field(default_factory=dict)
 
     def line_of(self, key: str) -> int | None:
+        if key in self.origins:
+            return None  # its line is in another file: `where` says which
         if key in self.mapping.key_lines:
             return self.mapping.key_lines[key]
         return None
+
+    def where(self, key: str) -> tuple[str, int | None]:
+        """The file and line that set `key`."""
+        if key in self.origins:
+            return self.origins[key]
+        return self.file, self.line_of(key)
 
 
 # --- field validation ---------------------------------------------------------------------

@@ -139,10 +139,18 @@ def load_recipe(path: Path, display: str | None = None) -> QuantRecipe:
     display = display or str(path)
     duplicates: list[Duplicate] = []
     document = load_yaml(path, display, duplicates=duplicates)
+    return recipe_from_document(document, display, duplicates)
+
+
+def recipe_from_document(document: Any, display: str, duplicates: list[Duplicate] = (),
+                         notes: list[RecipeNote] | None = None) -> QuantRecipe:
+    """A recipe from its loaded document (`configs` + `matchers`, lines kept); also the
+    route of a serialized RecipeConfig (qaudit/load/bridge/quant_recipe.py), with `notes`
+    it found on the way."""
     if not isinstance(document, YamlMap):
         raise InputError(f"expected a mapping with 'configs' and 'matchers', got {type_name(document)}",
                          file=display, line=getattr(document, "line", 1))
-    notes = [_duplicate_note(d) for d in duplicates]
+    notes = list(notes or []) + [_duplicate_note(d) for d in duplicates]
     for key in document:
         if key not in ("configs", "matchers"):
             hint = did_you_mean(str(key), ("configs", "matchers"))

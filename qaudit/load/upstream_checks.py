@@ -41,6 +41,14 @@ CHECKED_FIELDS: dict[str, tuple[str, Any]] = {
     "moe_router_group_topk": ("int", None),
     "tensor_model_parallel_size": ("int", 1),
     "expert_model_parallel_size": ("int", 1),
+    # Read for the GEMM shapes at real widths (qaudit/plan/shapes.py), not by a check here.
+    "expert_tensor_parallel_size": ("int", None),
+    "context_parallel_size": ("int", 1),
+    "sequence_parallel": ("bool", False),
+    "make_vocab_size_divisible_by": ("int", 128),
+    "seq_length": ("int", None),
+    "moe_router_padding_for_fp8": ("bool", False),
+    "moe_router_padding_for_quantization": ("bool", False),
 }
 
 Fail = Callable[[str, str], None]
@@ -64,6 +72,18 @@ def _value(mapping: YamlMap, key: str, fail: Fail) -> Any:
                     "str": "a string", "strs": "a string or a list of strings"}[kind]
         fail(key, f"expected {expected}, got {type_name(value)} {short_repr(value)}")
     return value
+
+
+def checked_value(mapping: YamlMap | None, key: str) -> Any:
+    """A checked field's value as `check_upstream` read it (its default when absent or when
+    there is no mapping; UNKNOWN when the file takes it from outside)."""
+    if mapping is None:
+        return CHECKED_FIELDS[key][1]
+
+    def refuse(field: str, message: str) -> None:  # check_upstream refused it already
+        raise ValueError(f"{field}: {message}")
+
+    return _value(mapping, key, refuse)
 
 
 def check_upstream(config, mapping: YamlMap, fail: Fail) -> None:

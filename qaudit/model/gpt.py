@@ -163,7 +163,13 @@ def build_model(config: ModelConfig, dims: Dims, session: Session,
     where it has its own (T5)."""
     family = part_of(config, "model")
     torch.manual_seed(seed)
-    model = (family.MODEL if family is not None else GPTModel)(config, dims, session)
+    model_class = family.MODEL if family is not None else GPTModel
+    if getattr(session.runtime, "device", "cpu") == "meta":
+        # --full-size: real widths, no storage; the forward and backward run on shapes alone.
+        with torch.device("meta"):
+            model = model_class(config, dims, session)
+    else:
+        model = model_class(config, dims, session)
     model.finish_init(recipe)
     # Built on CPU (same seeded weights on every device), then moved to the runtime's device;
     # TE modules are created on CUDA already.

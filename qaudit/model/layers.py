@@ -195,7 +195,7 @@ class MoELayer(torch.nn.Module):
         token_ids = torch.arange(flat.shape[0], device=flat.device).repeat_interleave(self.topk)
         order = torch.argsort(experts.reshape(-1), stable=True)
         token_ids = token_ids[order]
-        m_splits = torch.bincount(experts.reshape(-1), minlength=self.num_experts).tolist()
+        m_splits = _tokens_per_expert(experts, self.num_experts)
         expert_out = self.experts(flat[token_ids], m_splits) * probs.reshape(-1)[order, None]
         out = torch.zeros_like(flat).index_add(0, token_ids, expert_out)
         if self.shared_experts is not None:
@@ -204,6 +204,16 @@ class MoELayer(torch.nn.Module):
             else:
                 out = out + self.shared_experts(flat)
         return out.reshape(shape)
+
+
+def _tokens_per_expert(experts: torch.Tensor, num_experts: int) -> list[int]:
+    """How many routed tokens each expert gets. A meta tensor (--full-size) has no values, and
+    aten::bincount no meta kernel: the split is then uniform, as a balanced router's."""
+    if experts.is_meta:
+        total = experts.numel()
+        base, extra = divmod(total, num_experts)
+        return [base + (1 if index < extra else 0) for index in range(num_experts)]
+    return torch.bincount(experts.reshape(-1), minlength=num_experts).tolist()
 
 
 def _attention(b: Builder) -> torch.nn.Module:

@@ -444,6 +444,12 @@ def te_text(report: Report) -> str | None:
     return _target_text(getattr(report, "te", None), "--te")
 
 
+def source_lines(report: object) -> list[str]:
+    """How the config was read (a Bridge ConfigContainer's provider, version, and settings
+    resolved for the GPU job); empty for the other inputs."""
+    return [str(line) for line in getattr(report, "source", None) or []]
+
+
 def _target_text(target: object, option: str) -> str | None:
     """A report's `megatron` or `te` entry as one line: label, then installed, named or assumed."""
     if not isinstance(target, dict):
@@ -481,3 +487,18 @@ def cross_check_line(report: Report) -> str | None:
             f"{len(result.get('differences', []))} difference(s)")
     not_covered = result.get("not_covered") or []
     return line + (f"; not covered: {'; '.join(not_covered)}" if not_covered else "")
+
+
+def memory_line(report: Report) -> str | None:
+    """--full-size: what one rank holds (qaudit/run/memory.py)."""
+    memory = getattr(report, "memory", None)
+    if not memory:
+        return None
+    sharded = memory.get("sharded_over_data_parallel") or []
+    parts = []
+    for key, label in (("weights", "weights"), ("main_grad", "main_grad"),
+                       ("optimizer", "optimizer state")):
+        divided = " / data-parallel ranks" if key in sharded else ""
+        parts.append(f"{label} {memory[key + '_gib']:,} GiB{divided}")
+    return (f"memory per rank at full size ({memory['split']}; stage {memory['stage']}): "
+            f"{memory['parameters'] / 1e9:,.2f} B parameters; " + ", ".join(parts))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from qaudit.render.common import (calls_text, collapse_names, cross_check_line, format_error,
+                                  memory_line,
                                   group_findings, group_rows, location, megatron_text,
                                   policy_text, severity_counts, short_type, summary_counts,
                                   suppressed_findings, te_text)
@@ -158,6 +159,9 @@ def render_markdown(report: Report, exit_code: int, *, expand: bool = False) -> 
     cross_check = cross_check_line(report)
     if cross_check:
         lines.extend([escape(cross_check), ""])
+    memory = memory_line(report)
+    if memory:
+        lines.extend([escape(memory), ""])
     if report.findings:
         lines.extend(_findings(report, expand) + [""])
     suppressed = suppressed_findings(report)

@@ -16,8 +16,8 @@ from typing import Callable
 from qaudit.judge.report import SEVERITIES
 from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_rows,
                                   compress_names, cross_check_line, format_error, group_findings,
-                                  location, megatron_text, policy_text, te_text, short_type,
-                                  summary_line, suppressed_findings)
+                                  location, megatron_text, memory_line, policy_text, te_text,
+                                  short_type, source_lines, summary_line, suppressed_findings)
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
 
@@ -63,6 +63,9 @@ def _header(report: Report, width: int) -> list[str]:
     te = te_text(report)
     if te:
         lines.extend(_wrap(f"te: {te}", width, "", "  "))
+    memory = memory_line(report)
+    if memory:
+        lines.extend(_wrap(memory, width, "", "  "))
     config = f"config: {report.config}"
     recipe = f"recipe: {report.recipe}" if report.recipe else ""
     if recipe and len(config) + 3 + len(recipe) <= width:
@@ -71,6 +74,8 @@ def _header(report: Report, width: int) -> list[str]:
         lines.append(config)
         if recipe:
             lines.append(recipe)
+    for text in source_lines(report):
+        lines.extend(_wrap(f"source: {text}", width, "", "  "))
     return lines
 
 
@@ -181,8 +186,12 @@ def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
     lines[0] = lines[0].replace(lead, f"{f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1)
     if len(group.modules) > 1:
         names = compress_names(group.modules)
-        lines.append("      modules: " + names[0])
-        lines.extend("               " + name for name in names[1:])
+        pad = " " * 15
+        for i, name in enumerate(names):
+            # A name too long for the line breaks after a dot (MTP names reach 70 characters).
+            parts = split_name(name, width - len(pad), "    ")
+            lines.append(("      modules: " if i == 0 else pad) + parts[0])
+            lines.extend(pad + part for part in parts[1:])
     where = location(f.file, f.line)
     if where:
         lines.append(f"      at {where}")

@@ -26,6 +26,7 @@ from qaudit.run.options import AuditOptions
 from qaudit.run.rows import ModuleRow, accumulation_of, calls_per_microbatch, precision_of, tracked_of
 from qaudit.run.train import run_evaluation, run_training
 from qaudit.runtime import select_runtime
+from qaudit.runtime.reference import ReferenceRuntime
 
 
 @dataclass(kw_only=True)
@@ -38,6 +39,7 @@ class AuditRun:
     rows: list[ModuleRow]
     facts: AuditFacts
     snapshot: dict[str, torch.Tensor] | None
+    memory: dict | None = None  # --full-size: what one rank holds (qaudit/run/memory.py)
 
 
 def megatron_target(options: AuditOptions, config: ModelConfig | None = None) -> MegatronTarget:
@@ -71,9 +73,10 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
     def build() -> tuple[Session, GPTModel, dict[str, str]]:
         if options.world is not None:
             check_world_matches_stages(config, options.world)
-        if options.full_size:
+        if options.full_size and options.verify:  # gradient values need real storage
             check_full_size_fits(config, processes_here=processes_on_this_machine(options.world))
-        runtime = _runtime_for(config, options, te, recipe)
+        runtime = (_full_size_runtime(options, te) if options.full_size and not options.verify
+                   else _runtime_for(config, options, te, recipe))
         session = Session(runtime, policy, te=te.behaviour)
         model = build_model(config, model_dims(config, options.full_size), session, recipe,
                             seed=options.seed)
@@ -91,6 +94,14 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
     match_names = {m.fqn: m.match_name for m in every_module}
     bindings = {m.fqn: (m.matcher, m.quant_config) for m in every_module
                 if getattr(m, "quant_config", None) is not None}
+    memory, built_widths = None, {}
+    if options.full_size:
+        from qaudit.plan.shapes import Parallel, parallel_of
+        from qaudit.run.memory import per_rank_memory
+
+        memory = per_rank_memory(model, config, parallel_of(config) or Parallel(), every_module)
+        built_widths = {m.fqn: (int(m.weights()[0].shape[-1]), int(m.weights()[0].shape[-2]))
+                        for m in every_module if m.is_te and m.weights()}
     del every_module  # a stage's process drops the others' modules now
     runner = None
     if options.world is not None:
@@ -140,9 +151,9 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
         config=config, recipe=recipe, policy=policy, rows=rows_in_order, records=records,
         overwrite_main_grad=overwrite, te_modules=te_modules, match_names=match_names,
         bindings=bindings, evaluation=options.evaluation, allow_import=options.allow_import,
-        custom_factories=factories)
+        custom_factories=factories, te_version=te.rule_version, built_widths=built_widths)
     return AuditRun(model=model, session=session, records=records, rows=rows_in_order, facts=facts,
-                    snapshot=snapshot or None)
+                    snapshot=snapshot or None, memory=memory)
 
 
 # Settings only the reference runtime reproduces (docs/te-settings.md); the te runtime would
@@ -190,8 +201,13 @@ def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget,
         raise InputError(f"--runtime te does not model {what} yet (the reference runtime does: "
                          "docs/te-settings.md); use --runtime reference",
                          file=config.file, line=config.line_of(key), key=key)
-    return select_runtime(name, options.device,
-                          reads_overwrite_main_grad=te.behaviour.reads_overwrite_main_grad)
+    runtime = select_runtime(name, options.device,
+                             reads_overwrite_main_grad=te.behaviour.reads_overwrite_main_grad)
+    if isinstance(runtime, ReferenceRuntime):
+        # Values matter only where they are compared (--verify); fake quantization is most
+        # of the reference runtime's own work, and no row or verdict depends on it.
+        runtime.numerics = options.verify
+    return runtime
 
 
 def check_config_runs_on_te(config: ModelConfig, te: TETarget) -> None:
@@ -255,6 +271,31 @@ def _import_custom_factories(model: GPTModel, recipe: QuantRecipe | None,
 def _not_executed(precision: str) -> str:
     """A custom recipe runs as a per-tensor stand-in: say so in the row (rule QA020)."""
     return precision.replace("/custom", "/custom (not executed)")
+
+
+def _full_size_runtime(options: AuditOptions, te: TETarget):
+    """--full-size: the reference runtime on the meta device. Real widths hold no storage,
+    so any model builds; the forward and backward run on shapes (no values: the verdicts
+    come from the flags and the calls, which do not depend on them)."""
+    if options.runtime == "te" or options.device == "cuda":
+        raise InputError("--full-size builds on the meta device with the reference runtime; "
+                         "drop --runtime te / --device cuda")
+    if options.verify:
+        raise InputError("--verify compares gradient values, and --full-size runs on the meta "
+                         "device, which has none: use one or the other")
+    _skip_failing_numpy_import()
+    return ReferenceRuntime("meta", te.behaviour.reads_overwrite_main_grad, numerics=False)
+
+
+def _skip_failing_numpy_import() -> None:
+    """torch's meta kernels call torch.sym_max, which tries `import numpy` on every call; without
+    numpy installed each try searches sys.path again (most of a meta run's time). A None entry
+    makes the import fail at once, with the same ModuleNotFoundError."""
+    import importlib.util
+    import sys
+
+    if "numpy" not in sys.modules and importlib.util.find_spec("numpy") is None:
+        sys.modules["numpy"] = None  # type: ignore[assignment]
 
 
 def check_full_size_fits(config: ModelConfig, processes_here: int = 1) -> None:

@@ -34,6 +34,9 @@ class AuditFacts:
     allow_import: bool = False  # --allow-import: custom recipe factories were imported
     custom_factories: dict[str, str] = field(default_factory=dict)  # factory -> what it gave
     cross_check: Any = None  # --cross-check: qaudit.crosscheck.CrossCheck
+    te_version: str | None = None  # the TE release the verdict is for (None: the newest known)
+    # --full-size: each TE module's (in_features, out_features) in the real-width build.
+    built_widths: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @cached_property
     def rows_by_name(self) -> dict[str, ModuleRow]:

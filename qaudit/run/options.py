@@ -32,6 +32,9 @@ class AuditOptions:
     rank: int | None = None  # show one pipeline stage only
     # --set NAME=VALUE: values a launch script or MODEL_ARGS file takes from outside.
     variables: tuple[tuple[str, str], ...] = ()
+    # --override FILE and trailing KEY=VALUE arguments on a Megatron-Bridge ConfigContainer
+    # (qaudit.load.bridge.overrides.Override), applied as Bridge applies them.
+    overrides: tuple = ()
     # --allow-import: import and call the recipes' custom_recipe_factory (Python code the
     # input names). Off: nothing is imported and such modules are reported "not executed".
     allow_import: bool = False

@@ -109,7 +109,7 @@ def fake_quantize(x: torch.Tensor, quant: Quant, role: str) -> torch.Tensor:
     A 3-D weight is a stack of independent weights (a grouped module's experts), each
     scaled on its own, quantized in one pass for speed.
     """
-    if x.numel() == 0:  # an expert that got no tokens
+    if x.numel() == 0 or x.is_meta:  # an expert that got no tokens; a --full-size meta run
         return x
     stacked = role == "weight" and x.dim() == 3
     if quant.fmt == "fp4":

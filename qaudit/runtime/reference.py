@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -74,8 +75,23 @@ _BATCHED_GROUPED_LIMIT = 1 << 24
 
 
 def _row_experts(m_splits: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Each row's expert. One split serves fc1 and fc2, forward and backward: cached (the
+    tensor is only read, as an index)."""
+    return _row_experts_cached(tuple(m_splits), str(device))
+
+
+@functools.lru_cache(maxsize=16)
+def _row_experts_cached(m_splits: tuple[int, ...], device: str) -> torch.Tensor:
     return torch.repeat_interleave(torch.arange(len(m_splits), device=device),
-                                   torch.tensor(m_splits, device=device))
+                                   torch.tensor(m_splits, device=device),
+                                   output_size=sum(m_splits))  # a meta tensor cannot count
+
+
+def _batched(x: torch.Tensor, weights: torch.Tensor) -> bool:
+    """One batched product for a grouped GEMM: small ones, and any on the meta device
+    (--full-size: no storage, so gathering a weight per row costs nothing, while a loop over
+    256 experts costs a meta kernel call per GEMM)."""
+    return x.is_meta or x.shape[0] * weights[0].numel() <= _BATCHED_GROUPED_LIMIT
 
 
 class GemmsFunction(torch.autograd.Function):
@@ -84,7 +100,7 @@ class GemmsFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, meta: dict, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        quant: Quant | None = meta["quant"]
+        quant: Quant | None = meta["quant"] if meta.get("numerics", True) else None
         xq = fake_quantize(x, quant, "input") if quant else x
         compute = meta["compute_weight"]
         ctx.meta, ctx.weight = meta, weight
@@ -92,7 +108,7 @@ class GemmsFunction(torch.autograd.Function):
         if compute.dim() == 2:
             return xq @ compute.t()
         m_splits = meta["m_splits"]
-        if xq.shape[0] * compute[0].numel() <= _BATCHED_GROUPED_LIMIT:
+        if _batched(xq, compute):
             rows = compute[_row_experts(m_splits, x.device)]
             return torch.bmm(rows, xq.unsqueeze(-1)).squeeze(-1)
         chunks = torch.split(xq, m_splits)
@@ -101,7 +117,7 @@ class GemmsFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         meta = ctx.meta
-        quant: Quant | None = meta["quant"]
+        quant: Quant | None = meta["quant"] if meta.get("numerics", True) else None
         g = fake_quantize(grad_out, quant, "grad") if quant else grad_out
         xq, compute = ctx.saved_tensors
         if compute.dim() == 2:
@@ -125,7 +141,7 @@ class GemmsFunction(torch.autograd.Function):
 def _grouped_grads(g: torch.Tensor, xq: torch.Tensor, compute: torch.Tensor,
                    m_splits: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """dgrad and the stacked wgrad of a grouped GEMM; experts without tokens get zeros."""
-    if xq.shape[0] * compute[0].numel() <= _BATCHED_GROUPED_LIMIT:
+    if _batched(xq, compute):
         experts = _row_experts(m_splits, g.device)
         dx = torch.bmm(g.unsqueeze(1), compute[experts]).squeeze(1)
         dw = torch.zeros_like(compute).index_add_(0, experts, g.unsqueeze(2) * xq.unsqueeze(1))
@@ -197,6 +213,10 @@ class _ReferenceModule(torch.nn.Module):
         # Set by whoever observes this module; receives each backward's wgrad decision.
         self.wgrad_listener: WgradListener | None = None
         self.workspace_events: list[str] = []
+        # Fake quantization on (values as TE would compute them) or off (the same calls,
+        # flags, workspace events and wgrad decisions, high-precision values): an audit
+        # needs values only for --verify.
+        self.numerics = True
 
     # --- delayed weight gradients (TE module/base.py) ------------------------------------
     def enable_delay_wgrad_compute(self) -> None:
@@ -240,17 +260,18 @@ class _ReferenceModule(torch.nn.Module):
             return weight.detach()
         skip = _graph_skip_stack[-1]
         use = weight_cache_use(is_first_microbatch, self.primary_quantized_weight, skip)
+        quantize = fake_quantize if self.numerics else (lambda w, q, role: w)
         if use in ("primary", "fresh"):
             if use == "primary":
                 self.workspace_events.append("primary")
-            return fake_quantize(weight.detach(), quant, "weight")
+            return quantize(weight.detach(), quant, "weight")
         cached = self._fp8_workspaces.get("weight")
         fits = cached is not None and cached[0] == quant and cached[1].shape == weight.shape
         if fits and use == "reuse":
             self.workspace_events.append("reuse")
             return cached[1]
         self.workspace_events.append("refresh" if fits else "rebuild" if cached else "create")
-        tensor = fake_quantize(weight.detach(), quant, "weight")
+        tensor = quantize(weight.detach(), quant, "weight")
         self._fp8_workspaces["weight"] = (quant, tensor)
         return tensor
 
@@ -272,6 +293,7 @@ class _ReferenceModule(torch.nn.Module):
             # Saved at forward, as TE's weight_requires_grad.
             "weight_requires_grad": weight.requires_grad,
             "wgrad_store": self.wgrad_store,
+            "numerics": self.numerics,
         }
         return gemm(x, weight, meta)
 
@@ -350,9 +372,11 @@ class ReferenceRuntime:
 
     name = "reference"
 
-    def __init__(self, device: str = "cpu", reads_overwrite_main_grad: bool = True) -> None:
+    def __init__(self, device: str = "cpu", reads_overwrite_main_grad: bool = True,
+                 numerics: bool = True) -> None:
         self.device = device
         self.reads_overwrite_main_grad = reads_overwrite_main_grad
+        self.numerics = numerics  # fake quantization (values); off, only the semantics
 
     @property
     def description(self) -> str:
@@ -360,6 +384,7 @@ class ReferenceRuntime:
 
     def _configured(self, module: _ReferenceModule) -> _ReferenceModule:
         module.reads_overwrite_main_grad = self.reads_overwrite_main_grad
+        module.numerics = self.numerics
         return module
 
     def linear(self, in_features: int, out_features: int, *, fuse: bool) -> torch.nn.Module:

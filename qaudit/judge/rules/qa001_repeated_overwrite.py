@@ -13,8 +13,9 @@ def _ordinal(n: int) -> str:
     return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
 
 
-def _cause(config: ModelConfig, module: str) -> tuple[str, int | None]:
-    """The config key that makes this module run more than once, and its line."""
+def _cause(config: ModelConfig, module: str) -> tuple[str, str | None, int | None]:
+    """The config key that makes this module run more than once, and the file and line that
+    set it (a Bridge override file's, when one did)."""
     if module.startswith("mtp.") and config.mtp_use_repeated_layer:
         keys = ("mtp_use_repeated_layer", "mtp_num_layers")
     elif module == "output_layer":
@@ -22,10 +23,10 @@ def _cause(config: ModelConfig, module: str) -> tuple[str, int | None]:
     else:
         keys = ("mtp_num_layers", "gradient_accumulation_fusion")
     for key in keys:
-        line = config.line_of(key)
-        if line is not None:
-            return key, line
-    return keys[0], None
+        file, line = config.where(key)
+        if line is not None or file != config.file:
+            return key, file, line
+    return keys[0], config.file, None
 
 
 def _fix(config: ModelConfig, module: str, policy: str, stale: bool, always: bool,
@@ -103,10 +104,10 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
             why = (f"call {first.call} gets is_first_microbatch={first.flag}, so its backward "
                    f"(the {_ordinal(first.backward_seq)} of {len(same_mb)}) overwrites main_grad "
                    "and discards what the other calls accumulated")
-        key, line = _cause(facts.config, module)
+        key, file, line = _cause(facts.config, module)
         stale = row.tracked == "stale"
         message = (f"{module}: called {row.calls_per_microbatch}x per microbatch; {why}; "
                    f"gradient lost {_when(lossy, steps)} ({key})")
-        yield Hit(module=module, message=message, file=facts.config.file, line=line,
+        yield Hit(module=module, message=message, file=file, line=line,
                   fix=_fix(facts.config, module, facts.policy.name, stale, always,
                            row.precision == "bf16"))

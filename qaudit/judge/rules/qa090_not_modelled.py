@@ -21,5 +21,5 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     for note in (source.notes if source else []):
         if note.no_effect:
             continue  # QA091 lists those
-        yield Hit(message=note.message, file=facts.config.file, line=note.line,
+        yield Hit(message=note.message, file=note.file or facts.config.file, line=note.line,
                   fix="check the audit's result by hand for this setting, or drop the setting")

@@ -25,6 +25,17 @@ CHECKED_FLAGS: dict[str, tuple[str, Callable[[list[str]], Any] | None, Any]] = {
     "--moe-router-group-topk": ("moe_router_group_topk", lambda v: to_int(v[0]), None),
     "--tensor-model-parallel-size": ("tensor_model_parallel_size", lambda v: to_int(v[0]), None),
     "--expert-model-parallel-size": ("expert_model_parallel_size", lambda v: to_int(v[0]), None),
+    # The parallel split and sizes the GEMM shapes at real widths are computed for.
+    "--expert-tensor-parallel-size": ("expert_tensor_parallel_size", lambda v: to_int(v[0]),
+                                      None),
+    "--context-parallel-size": ("context_parallel_size", lambda v: to_int(v[0]), None),
+    "--sequence-parallel": ("sequence_parallel", None, True),
+    "--make-vocab-size-divisible-by": ("make_vocab_size_divisible_by", lambda v: to_int(v[0]),
+                                       None),
+    "--seq-length": ("seq_length", lambda v: to_int(v[0]), None),
+    "--moe-router-padding-for-fp8": ("moe_router_padding_for_fp8", None, True),
+    "--moe-router-padding-for-quantization": ("moe_router_padding_for_quantization", None,
+                                              True),
 }
 
 

@@ -78,7 +78,7 @@ class Translator:
 
     def note(self, message: str, line: int | None, key: str | None,
              no_effect: bool = False) -> None:
-        self.notes.append(SourceNote(message, line, key, no_effect))
+        self.notes.append(SourceNote(message, line, key, no_effect=no_effect))
 
     def needed(self, occurrence: Occurrence) -> list[str]:
         """The occurrence's values, all known; otherwise an InputError (the audit needs them)."""

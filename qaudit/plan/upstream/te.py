@@ -83,8 +83,13 @@ class TETarget:
     note: str | None = None
 
     @property
+    def rule_version(self) -> str:
+        """The release number TE's rules are looked up by (main: its development version)."""
+        return TE_MAIN_VERSION if self.version == TE_MAIN else self.version
+
+    @property
     def behaviour(self) -> TEBehaviour:
-        return te_behaviour(TE_MAIN_VERSION if self.version == TE_MAIN else self.version)
+        return te_behaviour(self.rule_version)
 
     def label(self) -> str:
         if self.version == TE_MAIN:

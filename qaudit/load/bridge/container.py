@@ -1,0 +1,323 @@
+"""A Megatron-Bridge ConfigContainer YAML (or Megatron-LM's PretrainConfigContainer) as the
+flat TransformerConfig mapping the other readers produce, every field with its file and line.
+
+What Bridge does between the file and the model, done here on data (nothing imported):
+overrides merged (qaudit/load/bridge/overrides.py), `mixed_precision` applied as
+`runtime_config_update()` applies it (mixed_precision.py), `comm_overlap` and the DDP / dist
+settings (sections.py), the hybrid provider's MTP pattern composed as its `finalize()` does,
+a serialized `quant_recipe` read as Megatron's recipe matching reads it (quant_recipe.py), and
+`gradient_accumulation_fusion` resolved as the GPU job resolves it (`resolve_fusion`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from qaudit.errors import InputError
+from qaudit.load.bridge import mixed_precision as mp
+from qaudit.load.bridge import sections
+from qaudit.load.bridge.nodes import is_reference, plain, short_name, target_of
+from qaudit.load.config import MODELLED_FIELDS
+from qaudit.load.bridge.provider import Provider, classify
+from qaudit.load.yamlio import YamlMap, short_repr, type_name
+
+Where = tuple[str, "int | None"]
+
+CONTAINERS = ("ConfigContainer", "PretrainConfigContainer")
+
+# Provider fields Bridge declares and Megatron never reads: named, since users believe they act.
+BRIDGE_ONLY_FIELDS = {
+    "keep_mtp_spec_in_bf16": (
+        "a Bridge-only provider field that no code reads (Bridge v0.6.0 sets it in the "
+        "Nemotron recipes; Megatron-LM d98e8a64 has no such field): the MTP layers run in the "
+        "model's precision, as audited", lambda v: v is True),
+}
+# Provider fields that never change which TE modules run, how often or in which precision:
+# Bridge's bookkeeping, subclass fields (HybridModelProvider's mamba_chunk_size, Gemma3's
+# sliding-window pattern) and megatron-core 0.19.2 fields that Megatron-LM main dropped.
+BRIDGE_PROVIDER_FIELDS = frozenset({
+    "hybrid_stack_spec", "mtp_loss_scaling_factor", "mtp_hybrid_override_pattern",
+    "keep_mtp_spec_in_bf16", "hf_model_id", "hf_model_revision", "_pg_collection",
+    "mtp_enabled", "generation_config", "mamba_chunk_size", "interleaved_attn_pattern",
+    "moe_ncclep_static_shape", "is_vision_language",
+})
+
+
+# Provider defaults that differ from TransformerConfig's, for fields the audit reads; a dump
+# writes every field, a partial file or a live object may not (hybrid_provider.py v0.6.0;
+# GPTModelProvider's agree with TransformerConfig's for these).
+PROVIDER_DEFAULTS = {
+    "hybrid": {"add_bias_linear": False, "share_embeddings_and_output_weights": False},
+}
+
+
+@dataclass
+class BridgeFile:
+    """What the reader found besides the model fields: for the report header and the audit."""
+
+    container: str
+    provider: Provider
+    version: str | None = None
+    # Fields whose value the file cannot pin down: field -> the values to audit.
+    alternatives: dict[str, list[Any]] = field(default_factory=dict)
+    explanations: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Flat:
+    """The flat model mapping (lines in their own files) and where each field came from."""
+
+    mapping: YamlMap
+    origins: dict[str, Where]
+    notes: list[tuple[str, Where, str]]  # (message, where, key)
+    recipe_node: Any = None
+    recipe_where: Where | None = None
+    info: BridgeFile | None = None
+
+
+def container_kind(document: Any) -> str | None:
+    target = target_of(document)
+    if target is None:
+        return None
+    name = short_name(target)
+    return name if name in CONTAINERS or name.endswith("ConfigContainer") else None
+
+
+def flatten(document: YamlMap, display: str, origins: dict[str, Where],
+            explicit: set[str]) -> Flat:
+    """`origins`: dotted key -> where an override set it; `explicit`: dotted keys set by an
+    override (which win over what Bridge resolves from the build machine)."""
+
+    def where(dotted: str, mapping: YamlMap, key: str) -> Where:
+        return origins.get(dotted, (display, mapping.line_of(key)))
+
+    kind = container_kind(document) or "ConfigContainer"
+    model_node = document.get("model")
+    if model_node is None:
+        raise InputError("no 'model' section: not a model config (nothing to audit)",
+                         file=display, line=document.line, key="model")
+    if not isinstance(model_node, YamlMap):
+        raise InputError(f"expected the model provider's fields under 'model', got "
+                         f"{type_name(model_node)} {short_repr(model_node)}", file=display,
+                         line=document.line_of("model"), key="model")
+    provider = classify(target_of(model_node))
+    if provider.family == "unsupported":
+        raise InputError(f"{provider.name} is {provider.why}; nothing qaudit can audit",
+                         file=display, line=model_node.line_of("_target_"), key="model._target_")
+    if model_node.get("is_vision_language") is True:
+        raise InputError(f"{provider.name} with is_vision_language: true is a vision-language "
+                         "model: its vision encoder and projector are not modelled", file=display,
+                         line=model_node.line_of("is_vision_language"),
+                         key="model.is_vision_language")
+    model = plain(model_node)
+    transformer = model.pop("transformer", None)
+    if isinstance(transformer, YamlMap):  # GPTModelConfig / HybridModelConfig nest the fields
+        for key, value in transformer.items():
+            model[key] = value
+            model.key_lines[key] = transformer.line_of(key)
+            if f"model.transformer.{key}" in origins:
+                origins[f"model.{key}"] = origins[f"model.transformer.{key}"]
+            if f"model.transformer.{key}" in explicit:
+                explicit.add(f"model.{key}")
+    flat = Flat(YamlMap(line=model.line), {}, [],
+                info=BridgeFile(kind, provider))
+
+    def put(key: str, value: Any, at: Where) -> None:
+        flat.mapping[key] = value
+        flat.mapping.key_lines[key] = at[1]
+        if at[0] != display:
+            flat.origins[key] = at
+        else:
+            flat.origins.pop(key, None)
+
+    for key, value in model.items():
+        at = where(f"model.{key}", model, key)
+        if key in BRIDGE_ONLY_FIELDS:
+            why, on = BRIDGE_ONLY_FIELDS[key]
+            if on(value):
+                flat.notes.append((f"model.{key} {short_repr(value)}: {why}", at, key))
+            continue
+        if key == "quant_recipe":
+            flat.recipe_node = model_node.get("quant_recipe")
+            flat.recipe_where = at
+            if flat.recipe_node is not None:
+                put(key, "model.quant_recipe", at)
+            continue
+        if key in BRIDGE_PROVIDER_FIELDS:
+            continue
+        raw = model_node.get(key) if isinstance(model_node, YamlMap) else None
+        if key not in MODELLED_FIELDS and (is_reference(raw) or (
+                isinstance(raw, list) and raw and all(is_reference(item) for item in raw))):
+            continue  # a dtype, function or enum the audit does not read: not handed on
+        put(key, value, at)
+    if model.get("restore_modelopt_state") is True:
+        at = where("model.restore_modelopt_state", model, "restore_modelopt_state")
+        if provider.family == "hybrid":  # hybrid_provider: the ModelOpt hybrid stack spec
+            put("layer_spec", "modelopt", at)
+        else:
+            flat.notes.append(("model.restore_modelopt_state true: the ModelOpt restore path "
+                               "may swap the layer spec; audited with the TE spec", at,
+                               "restore_modelopt_state"))
+    if model.get("use_transformer_engine_full_layer_spec") is True:
+        at = where("model.use_transformer_engine_full_layer_spec", model,
+                   "use_transformer_engine_full_layer_spec")
+        flat.notes.append(("model.use_transformer_engine_full_layer_spec true: TE's whole "
+                           "TransformerLayer replaces Megatron's layer (other module names and "
+                           "fusions); not modelled", at, "use_transformer_engine_full_layer_spec"))
+    for key, value in PROVIDER_DEFAULTS.get(provider.family, {}).items():
+        if key not in flat.mapping:
+            put(key, value, (display, model.line_of("_target_")))
+    _compose_mtp_pattern(model, flat, put, where)
+    _apply_mixed_precision(document, display, flat, put, where, explicit, model)
+    _apply_parallel_sections(document, flat, put, where)
+    _resolve_fusion(flat, model, explicit, display, where)
+    return flat
+
+
+def _compose_mtp_pattern(model: YamlMap, flat: Flat, put, where) -> None:
+    """HybridModelProvider.finalize(): main pattern + '/' + the MTP pattern once per depth
+    (at least once with mtp_use_repeated_layer: the shared layer always exists)."""
+    mtp_pattern = model.get("mtp_hybrid_override_pattern")
+    pattern = model.get("hybrid_layer_pattern")
+    if pattern is None and model.get("hybrid_override_pattern") is not None:
+        return  # the deprecated key with a Bridge MTP pattern: left to the hybrid checks
+    if not isinstance(pattern, str) or not isinstance(mtp_pattern, str) or not mtp_pattern:
+        return
+    depths = model.get("mtp_num_layers") or 0
+    copies = max(1, depths) if model.get("mtp_use_repeated_layer") else depths
+    main = pattern.split("/")[0]
+    composed = main + "".join("/" + mtp_pattern for _ in range(copies))
+    put("hybrid_layer_pattern", composed, where("model.mtp_hybrid_override_pattern", model,
+                                                "mtp_hybrid_override_pattern"))
+    if copies and model.get("mtp_num_layers") is None:
+        put("mtp_num_layers", copies, where("model.mtp_hybrid_override_pattern", model,
+                                            "mtp_hybrid_override_pattern"))
+
+
+def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, where,
+                           explicit: set[str], model: YamlMap) -> None:
+    node = document.get("mixed_precision")
+    if node is None:
+        return
+    at_section = where("mixed_precision", document, "mixed_precision")
+    key_of: dict[str, Where] = {}
+    if isinstance(node, str):
+        values = mp.recipe_by_name(node)
+        if values is None:
+            names = ", ".join(sorted(mp.NAMED_RECIPES))
+            raise InputError(f"unknown mixed-precision recipe {short_repr(node)} (Bridge's "
+                             f"get_mixed_precision_config raises ValueError); Bridge v0.6.0 has "
+                             f"{names}", file=at_section[0], line=at_section[1],
+                             key="mixed_precision")
+        flat.info.explanations.append(f"mixed_precision: {node} (Bridge's named recipe)")
+    elif isinstance(node, YamlMap):
+        section = plain(node)
+        values = dict(mp.DEFAULTS)
+        for key, value in section.items():
+            values[key] = value
+            key_of[key] = where(f"mixed_precision.{key}", section, key)
+        # The dataclass keeps each *_param / *_param_gather pair equal: the last one set wins.
+        for param, gather in (("fp8_param", "fp8_param_gather"), ("fp4_param", "fp4_param_gather")):
+            if param in key_of and gather in key_of and values[param] != values[gather] \
+                    and values[param] is not None:
+                later = max((param, gather), key=lambda k: (key_of[k][0] != display,
+                                                            key_of[k][1] or 0))
+                values[param] = values[gather] = values[later]
+        values = mp.finalized(values)
+    else:
+        raise InputError(f"expected a MixedPrecisionConfig mapping or a recipe name, got "
+                         f"{type_name(node)} {short_repr(node)}", file=at_section[0],
+                         line=at_section[1], key="mixed_precision")
+    for name, value in mp.model_updates(values):
+        at = key_of.get(name, at_section)
+        if name in ("fp8_param", "fp4_param") and name not in key_of:
+            at = key_of.get(name + "_gather", at_section)
+        if f"model.{name}" in explicit and model.get(name) != value:
+            file, line = where(f"model.{name}", model, name)
+            flat.info.explanations.append(
+                f"model.{name} {model.get(name)!r} ({file}{':' + str(line) if line else ''}) "
+                f"is replaced by mixed_precision's {value!r}: Bridge's runtime_config_update "
+                "copies the section onto the model; override mixed_precision instead")
+        put(name, value, at)
+
+
+def _apply_parallel_sections(document: YamlMap, flat: Flat, put, where) -> None:
+    ddp = sections.section(document, "ddp")
+    dist = sections.section(document, "dist")
+    overlap = sections.section(document, "comm_overlap")
+    mapping = flat.mapping
+    fsdp_at = None
+    for name, node in (("dist", dist), ("ddp", ddp)):
+        for key in ("use_megatron_fsdp", "use_custom_fsdp"):  # the latter: its old name
+            if node is not None and node.get(key) is True:
+                fsdp_at = where(f"{name}.{key}", node, key)
+    if fsdp_at is not None:
+        # ConfigContainer.validate(): either switch turns on both.
+        put("use_megatron_fsdp", True, fsdp_at)
+        if ddp is not None and "data_parallel_sharding_strategy" in ddp:
+            put("data_parallel_sharding_strategy", ddp["data_parallel_sharding_strategy"],
+                where("ddp.data_parallel_sharding_strategy", ddp,
+                      "data_parallel_sharding_strategy"))
+    elif "use_megatron_fsdp" in mapping:
+        put("use_megatron_fsdp", False, (where("model.use_megatron_fsdp", mapping,
+                                               "use_megatron_fsdp")))
+    ddp_values = dict(ddp or {})
+    ddp_where = {key: where(f"ddp.{key}", ddp, key) for key in ddp_values} if ddp else {}
+    if overlap is not None:
+        for key in sections.COMM_OVERLAP_MODEL_FIELDS:
+            value = overlap.get(key)
+            at = where(f"comm_overlap.{key}", overlap, key)
+            put(key, bool(value), at)
+        tp = mapping.get("tensor_model_parallel_size") or 1
+        wanted = overlap.get("tp_comm_overlap") is True
+        put("tp_comm_overlap", wanted and tp >= 2 and bool(mapping.get("sequence_parallel")),
+            where("comm_overlap.tp_comm_overlap", overlap, "tp_comm_overlap"))
+        if ddp is not None and ddp.get("use_distributed_optimizer"):
+            for key in sections.COMM_OVERLAP_DDP_FIELDS:
+                if overlap.get(key) is not None:
+                    ddp_values[key] = overlap[key]
+                    ddp_where[key] = where(f"comm_overlap.{key}", overlap, key)
+    for key, why in sections.NAMED_DDP.items():
+        if key in ddp_values and sections.is_on(ddp_values[key]):
+            flat.notes.append((f"ddp.{key} {short_repr(ddp_values[key])}: {why}",
+                               ddp_where[key], f"ddp.{key}"))
+    optimizer = sections.section(document, "optimizer")
+    for key, why in sections.NAMED_OPTIMIZER.items():
+        if optimizer is not None and sections.is_on(optimizer.get(key)):
+            flat.notes.append((f"optimizer.{key} {short_repr(optimizer[key])}: {why}",
+                               where(f"optimizer.{key}", optimizer, key), f"optimizer.{key}"))
+    for name, why in sections.NAMED_SECTIONS.items():
+        if document.get(name) is not None:
+            flat.notes.append((f"{name} is set: {why}", where(name, document, name), name))
+    for key, why in sections.NAMED_DIST.items():
+        if dist is not None and sections.is_on(dist.get(key)):
+            flat.notes.append((f"dist.{key} {short_repr(dist[key])}: {why}",
+                               where(f"dist.{key}", dist, key), f"dist.{key}"))
+
+
+def _resolve_fusion(flat: Flat, model: YamlMap, explicit: set[str], display: str,
+                    where) -> None:
+    """gradient_accumulation_fusion's provider default is a probe of the machine that built
+    the config (`fusions.can_enable_gradient_accumulation_fusion`: true where TE imports). A
+    value an override sets is the user's; `true` in the file is what a TE machine gives; a
+    missing one is what the GPU job's provider resolves (true); `false` may be the recipe's
+    choice or a probe on a machine without TE, so both values are audited."""
+    key = "gradient_accumulation_fusion"
+    info = flat.info
+    if f"model.{key}" in explicit:
+        return
+    value = model.get(key)
+    at = where(f"model.{key}", model, key)
+    if value is None:
+        flat.mapping[key] = True
+        info.explanations.append(f"{key}: not in the file; audited as true, what the provider's "
+                                 "default resolves to on a GPU machine with Transformer Engine")
+    elif value is False:
+        info.alternatives[key] = [True, False]
+        flat.mapping[key] = True
+        flat.mapping.key_lines[key] = at[1]
+        info.explanations.append(
+            f"{key}: false in the file may be the build machine's probe (Bridge's default "
+            "is true only where Transformer Engine imports) or the recipe's choice, so both "
+            "values are audited")

@@ -1,0 +1,460 @@
+"""Megatron-Bridge ConfigContainer YAML (qaudit/load/bridge/, docs/bridge.md): read as data,
+mixed_precision applied as Bridge applies it, serialized recipes, overrides, the fusion probe,
+and the Python API. Small synthetic dumps; the real ones are tests/test_bridge_corpus.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli_helpers import run_in_process
+from qaudit.cli import split_targets
+from qaudit.errors import InputError
+from qaudit.load import load_files
+from qaudit.load.bridge import load_bridge
+from qaudit.load.bridge.mixed_precision import NAMED_RECIPES
+from qaudit.load.bridge.overrides import Override
+
+EXAMPLE = "configs/bridge-lightning-mtp-bf16.yaml"
+
+# Bridge v0.6.0's MIXED_PRECISION_RECIPES (training/mixed_precision.py), underscore spelling.
+RELEASE_RECIPES = {
+    "bf16_mixed", "fp16_mixed", "bf16_with_fp8_delayed_scaling_mixed",
+    "fp16_with_fp8_delayed_scaling_mixed", "bf16_with_mxfp8_mixed", "fp16_with_mxfp8_mixed",
+    "bf16_with_fp8_current_scaling_mixed", "nemotron_h_bf16_with_fp8_current_scaling_mixed",
+    "nanov2_bf16_with_fp8_current_scaling_mixed", "fp16_with_fp8_current_scaling_mixed",
+    "bf16_with_fp8_subchannel_scaling_mixed", "fp16_with_fp8_subchannel_scaling_mixed",
+    "bf16_with_nvfp4_mixed", "nemotron_3_super_bf16_with_nvfp4_mixed",
+}
+# recipe -> (precision label of a quantized layer, BF16 layers at start, at end)
+QUANTIZED = {
+    "bf16_with_fp8_delayed_scaling_mixed": ("fp8/delayed", 0, 0),
+    "fp16_with_fp8_delayed_scaling_mixed": ("fp8/delayed", 0, 0),
+    "bf16_with_mxfp8_mixed": ("fp8/mxfp8", 0, 0),
+    "fp16_with_mxfp8_mixed": ("fp8/mxfp8", 0, 0),
+    "bf16_with_fp8_current_scaling_mixed": ("fp8/tensorwise", 1, 1),
+    "fp16_with_fp8_current_scaling_mixed": ("fp8/tensorwise", 1, 1),
+    "nemotron_h_bf16_with_fp8_current_scaling_mixed": ("fp8/tensorwise", 2, 2),
+    "nanov2_bf16_with_fp8_current_scaling_mixed": ("fp8/blockwise", 2, 2),
+    "bf16_with_fp8_subchannel_scaling_mixed": ("fp8/blockwise", 0, 0),
+    "fp16_with_fp8_subchannel_scaling_mixed": ("fp8/blockwise", 0, 0),
+    "bf16_with_nvfp4_mixed": ("fp4/nvfp4", 0, 0),
+    "nemotron_3_super_bf16_with_nvfp4_mixed": ("fp4/nvfp4", 0, 14),
+}
+LAYERS = 16
+
+
+def gpt_model(**fields) -> dict:
+    return {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider",
+            "num_layers": LAYERS, "hidden_size": 64, "num_attention_heads": 4,
+            "ffn_hidden_size": 128, "fp8": None, "fp8_recipe": "delayed",
+            "gradient_accumulation_fusion": True, "add_bias_linear": False,
+            "params_dtype": {"_call_": False, "_target_": "torch.bfloat16"},
+            "activation_func": {"_call_": False, "_target_": "torch.nn.functional.gelu"},
+            **fields}
+
+
+def write_dump(tmp_path: Path, name: str = "dump.yaml", model: dict | None = None,
+               **sections) -> str:
+    document = {"_target_": "megatron.bridge.training.config.ConfigContainer",
+                "model": model if model is not None else gpt_model(),
+                "train": {"_target_": "megatron.bridge.training.config.TrainingConfig",
+                          "train_iters": 10},
+                "mixed_precision": None, **sections}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return str(path)
+
+
+def audit_json(monkeypatch, capsys, *args: str) -> tuple[int, dict]:
+    code, out, err = run_in_process(monkeypatch, capsys, "check", *args, "--format", "json",
+                                    cwd=None)
+    assert code in (0, 1), err
+    return code, json.loads(out)
+
+
+def precisions(report: dict) -> dict[str, str]:
+    return {row["name"]: row["precision"] for row in report["modules"]}
+
+
+# --- mixed_precision ----------------------------------------------------------------------
+
+def test_the_recipe_table_is_the_releases():
+    assert set(NAMED_RECIPES) == RELEASE_RECIPES
+    assert {name for name, fields in NAMED_RECIPES.items()
+            if fields.get("fp8") or fields.get("fp4")} == set(QUANTIZED)
+
+
+@pytest.mark.parametrize("name", sorted(QUANTIZED))
+def test_a_quantized_named_recipe_never_audits_as_bf16(name, tmp_path, monkeypatch, capsys):
+    label, start, end = QUANTIZED[name]
+    # A pre-update dump: the model still says fp8 null, as run_recipe.py --dry-run writes it.
+    path = write_dump(tmp_path, mixed_precision=name.replace("_", "-") if "fp16" in name else name)
+    _, report = audit_json(monkeypatch, capsys, path)
+    qkv = [precisions(report)[f"decoder.layers.{i}.self_attention.linear_qkv"]
+           for i in range(LAYERS)]
+    assert qkv == ["bf16"] * start + [label] * (LAYERS - start - end) + ["bf16"] * end
+    assert "Bridge ConfigContainer, GPTModelProvider" in report["source"][0]
+
+
+def test_a_mixed_precision_section_wins_over_the_model_fields(tmp_path, monkeypatch, capsys):
+    """The issue's case: {fp8: e4m3, fp8_recipe: mxfp8} next to model.fp8 null."""
+    section = {"_target_": "megatron.bridge.training.mixed_precision.MixedPrecisionConfig",
+               "fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param_gather": True}
+    pre = write_dump(tmp_path, "pre.yaml", mixed_precision=section)
+    post = write_dump(tmp_path, "post.yaml", model=gpt_model(fp8="e4m3", fp8_recipe="mxfp8",
+                                                             fp8_param=True),
+                      mixed_precision=section)
+    _, before = audit_json(monkeypatch, capsys, pre)
+    _, after = audit_json(monkeypatch, capsys, post)
+    assert set(precisions(before).values()) - {"bf16"} == {"fp8/mxfp8"}
+    assert before["modules"] == after["modules"]
+    config, _ = load_files(pre)
+    assert config.fp8_param and config.where("fp8")[1] is not None
+
+
+def test_a_null_in_the_section_clears_the_models_value(tmp_path):
+    """setup() copies every field, None included: Bridge would run this BF16."""
+    path = write_dump(tmp_path, model=gpt_model(fp8="e4m3", fp8_recipe="tensorwise"),
+                      mixed_precision={"fp8": None, "bf16": True})
+    config, _ = load_files(path)
+    assert config.fp8 is None
+
+
+def test_an_unknown_recipe_name_is_refused_at_its_line(tmp_path):
+    path = write_dump(tmp_path, mixed_precision="bf16_with_fp9_mixed")
+    with pytest.raises(InputError) as caught:
+        load_files(path)
+    assert caught.value.key == "mixed_precision" and caught.value.line is not None
+    assert "bf16_with_mxfp8_mixed" in caught.value.message
+
+
+# --- nodes, providers --------------------------------------------------------------------
+
+def test_targets_are_never_imported(tmp_path):
+    model = gpt_model(activation_func={"_call_": False, "_target_": "qaudit_no_such.module.f"},
+                      init_method={"_call_": True, "_target_": "os.system", "_args_": ["true"]})
+    path = write_dump(tmp_path, model=model)
+    before = set(sys.modules)
+    config, _ = load_files(path)
+    assert config.num_layers == LAYERS
+    assert not {m for m in set(sys.modules) - before if m.startswith(("qaudit_no_such",
+                                                                       "megatron"))}
+
+
+@pytest.mark.parametrize("target, why", [
+    ("megatron.bridge.diffusion.models.wan.wan_provider.WanModelProvider", "diffusion"),
+    ("megatron.bridge.models.qwen_vl.qwen3_vl_provider.Qwen3VLModelProvider", "vision-language"),
+])
+def test_providers_qaudit_does_not_build_are_refused(tmp_path, target, why):
+    path = write_dump(tmp_path, model=gpt_model(_target_=target))
+    with pytest.raises(InputError) as caught:
+        load_files(path)
+    assert caught.value.key == "model._target_" and why in caught.value.message
+    assert caught.value.line is not None
+
+
+def test_the_hybrid_provider_composes_the_mtp_pattern_as_finalize_does():
+    config, _ = load_files(EXAMPLE)
+    assert config.family == "hybrid"
+    assert config.hybrid_layer_pattern == "MEM*EMEME/*E/*E"
+    assert config.mtp_num_layers == 2 and config.mtp_use_repeated_layer
+    assert config.source.origin == "bridge" and config.source.assumed_megatron == "bridge-v0.6.0"
+    assert config.source.provider == "HybridModelProvider"
+
+
+# --- the bundled example: verdicts, fusion probe, Bridge-only fields -----------------------
+
+def test_lightning_shaped_example_fails_on_its_mtp_modules(monkeypatch, capsys):
+    code, report = audit_json(monkeypatch, capsys, str(Path(EXAMPLE).resolve()))
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    assert code == 1 and errors and all(f["rule"] == "QA001" for f in errors)
+    assert all(f["module"].startswith("mtp.") for f in errors)
+    assert any("true: 7 error(s), false: 0 error(s); reported: true (the worse)" in line
+               for line in report["source"])
+    named = [f for f in report["findings"] if f["rule"] == "QA090"]
+    assert any("keep_mtp_spec_in_bf16" in f["message"] and "no code reads" in f["message"]
+               for f in named)
+
+
+def test_lightning_shaped_example_passes_with_megatron_main(monkeypatch, capsys):
+    code, report = audit_json(monkeypatch, capsys, str(Path(EXAMPLE).resolve()),
+                              "--megatron", "main")
+    assert code == 0
+
+
+def test_fusion_set_by_an_override_is_taken_as_written(monkeypatch, capsys):
+    code, report = audit_json(monkeypatch, capsys, str(Path(EXAMPLE).resolve()),
+                              "model.gradient_accumulation_fusion=false")
+    assert code == 0 and not any("reported:" in line for line in report["source"])
+    config, _ = load_files(EXAMPLE, overrides=["model.gradient_accumulation_fusion=true"])
+    assert config.gradient_accumulation_fusion and not config.source.alternatives
+
+
+def test_fusion_true_in_the_file_is_audited_once(tmp_path):
+    config, _ = load_files(write_dump(tmp_path))
+    assert config.gradient_accumulation_fusion and not config.source.alternatives
+
+
+# --- serialized quant_recipe ---------------------------------------------------------------
+
+def recipe_node(*matchers) -> dict:
+    return {"_target_": "megatron.core.quantization.quant_config.RecipeConfig",
+            "config_dict": {
+                "bf16": {"training_recipe": {},
+                         "transformer_engine_config_type": "TEQuantizationParams"},
+                "mxfp8": {"training_recipe": {"fp8_quantization_recipe": "mxfp8"},
+                          "transformer_engine_config_type": "TEQuantizationParams"}},
+            "matchers": [{"_target_": "megatron.core.quantization.quant_config.GlobMatcher",
+                          "config_key": key, "pattern": pattern} for pattern, key in matchers]}
+
+
+def test_a_serialized_recipe_is_matched_in_order_and_linted_at_its_lines(tmp_path, monkeypatch,
+                                                                         capsys):
+    path = write_dump(tmp_path, model=gpt_model(quant_recipe=recipe_node(
+        ("*.linear_qkv", "bf16"), ("*fc[12]_latent_proj", "bf16"), ("*", "mxfp8"))),
+        mixed_precision="bf16_with_mxfp8_mixed")
+    _, report = audit_json(monkeypatch, capsys, path)
+    rows = precisions(report)
+    assert rows["decoder.layers.0.self_attention.linear_qkv"] == "bf16"
+    assert rows["decoder.layers.0.mlp.linear_fc1"] == "fp8/mxfp8"
+    unmatched = [f for f in report["findings"] if f["rule"] == "QA011"]
+    text = Path(path).read_text().splitlines()
+    assert len(unmatched) == 1 and unmatched[0]["file"] == path
+    assert "GlobMatcher" in text[unmatched[0]["line"] - 1]
+    assert "_latent_proj" in text[unmatched[0]["line"]] or \
+        "_latent_proj" in text[unmatched[0]["line"] + 1]
+
+
+def test_a_matcher_class_megatron_lacks_is_refused(tmp_path):
+    node = recipe_node(("*", "bf16"))
+    node["matchers"][0]["_target_"] = "megatron.core.quantization.quant_config.RegexMatcher"
+    with pytest.raises(InputError) as caught:
+        load_files(write_dump(tmp_path, model=gpt_model(quant_recipe=node)))
+    assert caught.value.key == "model.quant_recipe.matchers[0]._target_"
+
+
+# --- overrides -----------------------------------------------------------------------------
+
+def test_an_override_file_is_merged_and_traced(tmp_path, write_yaml):
+    override = write_yaml("over.yaml", """\
+        model:
+          num_layers: 4
+        mixed_precision: bf16_with_mxfp8_mixed
+        train:
+          train_iters: 5
+        """)
+    config, _ = load_files(write_dump(tmp_path), overrides=[Override(path=override)])
+    assert config.num_layers == 4 and config.where("num_layers") == (override, 2)
+    assert config.fp8_recipe == "mxfp8" and config.where("fp8") == (override, 3)
+
+
+def test_a_perf_script_wrapper_is_unwrapped(tmp_path, write_yaml):
+    override = write_yaml("perf.yaml", """\
+        ConfigContainer:
+          model:
+            num_layers: 2
+        perf_matrix:
+          h100: {}
+        """)
+    config, _ = load_files(write_dump(tmp_path), overrides=[Override(path=override)])
+    assert config.num_layers == 2
+
+
+@pytest.mark.parametrize("argument, field, value", [
+    ("model.num_layers=3", "num_layers", 3),
+    ("++model.num_layers=5", "num_layers", 5),
+    ("model.gradient_accumulation_fusion=FALSE", "gradient_accumulation_fusion", False),
+    ("mixed_precision='bf16_with_fp8_current_scaling_mixed'", "fp8_recipe", "tensorwise"),
+    ("~model.num_layers", "num_layers", LAYERS),  # Bridge leaves the recipe's value
+])
+def test_hydra_arguments(tmp_path, argument, field, value):
+    config, _ = load_files(write_dump(tmp_path), overrides=[argument])
+    assert getattr(config, field) == value
+
+
+@pytest.mark.parametrize("argument, says", [
+    ("model.no_such_field=1", "not in the config"),
+    ("+model.num_layers=2", "already in the config"),
+    ("model.num_layers=${oc.env:LAYERS}", "interpolations"),
+    ("model.num_layers=1,2", "sweep"),
+    ("model.num_layers=choice(1,2)", "functions"),
+    ("model..x=1", "expected key=value"),
+])
+def test_bad_hydra_arguments_are_exit_2(tmp_path, argument, says):
+    with pytest.raises(InputError) as caught:
+        load_files(write_dump(tmp_path), overrides=[Override(text=argument, index=2)])
+    assert says in caught.value.message and caught.value.file.startswith("argument 2")
+
+
+def test_a_field_an_override_breaks_is_reported_at_the_override(tmp_path, write_yaml):
+    override = write_yaml("over.yaml", "model:\n  hidden_size: 0\n")
+    with pytest.raises(InputError) as caught:
+        load_files(write_dump(tmp_path), overrides=[Override(path=override)])
+    assert (caught.value.file, caught.value.line, caught.value.key) == \
+        (override, 2, "model.hidden_size")
+
+
+def test_split_targets():
+    assert split_targets(["c.yaml", "a.b=1", "+x.y=2", "~z", "d.yaml"]) == \
+        (["c.yaml", "d.yaml"], ["a.b=1", "+x.y=2", "~z"])
+
+
+def test_an_existing_path_with_equals_is_a_path(tmp_path):
+    odd = tmp_path / "a=b.yaml"
+    odd.write_text("x: 1\n")
+    assert split_targets([str(odd)]) == ([str(odd)], [])
+
+
+def test_cli_overrides_and_refusals(tmp_path, monkeypatch, capsys, write_yaml):
+    dump = write_dump(tmp_path)
+    # Several configs are audited one by one (issue 23); overrides take exactly one.
+    code, _, err = run_in_process(monkeypatch, capsys, "check", dump, dump, "model.num_layers=2",
+                                  cwd=None)
+    assert code == 2 and "overrides apply to one Megatron-Bridge config" in err
+    code, _, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                  "model.num_layers=2")
+    assert code == 2 and "ConfigContainer" in err
+    partial = write_yaml("partial.yaml", "model:\n  num_layers: 2\ntrain:\n  train_iters: 3\n")
+    code, _, err = run_in_process(monkeypatch, capsys, "check", partial, cwd=None)
+    assert code == 2 and "override file" in err and "--override" in err
+    assert err.count("\n") == 1 and ":1: key 'model'" in err
+    code, out, err = run_in_process(monkeypatch, capsys, "check", dump, "model.num_layers=2",
+                                    "--override", partial, "--format", "json", cwd=None)
+    assert code == 0, err
+    assert len({r["name"].split(".")[2] for r in json.loads(out)["modules"]
+                if r["name"].startswith("decoder.")}) == 2
+
+
+# --- the Python API --------------------------------------------------------------------------
+
+@dataclass
+class HybridModelProvider:  # a stand-in with the fields of the bundled example
+    hybrid_layer_pattern: str = "MEM*EMEME"
+    num_layers: int = 9
+    hidden_size: int = 256
+    ffn_hidden_size: int = 512
+    num_attention_heads: int = 4
+    num_query_groups: int = 2
+    kv_channels: int = 64
+    mamba_head_dim: int = 32
+    mamba_num_groups: int = 8
+    mamba_num_heads: int = 16
+    num_moe_experts: int = 8
+    moe_ffn_hidden_size: int = 128
+    moe_grouped_gemm: bool = True
+    moe_router_topk: int = 2
+    moe_shared_expert_intermediate_size: int = 256
+    mtp_hybrid_override_pattern: str = "*E"
+    mtp_num_layers: int = 2
+    mtp_use_repeated_layer: bool = True
+    keep_mtp_spec_in_bf16: bool = True
+    gradient_accumulation_fusion: bool = False
+    share_embeddings_and_output_weights: bool = False
+    is_hybrid_model: bool = True
+    fp8: str | None = None
+
+
+HybridModelProvider.__module__ = "megatron.bridge.models.hybrid.hybrid_provider"
+
+
+@dataclass
+class ConfigContainer:
+    model: HybridModelProvider = field(default_factory=HybridModelProvider)
+    mixed_precision: str = "bf16_mixed"
+
+
+ConfigContainer.__module__ = "megatron.bridge.training.config"
+
+
+def serialized(obj) -> dict:
+    """The stand-in as Bridge's to_yaml() writes a dataclass: fields plus _target_."""
+    from dataclasses import fields, is_dataclass
+
+    if is_dataclass(obj):
+        return {"_target_": f"{type(obj).__module__}.{type(obj).__qualname__}",
+                **{f.name: serialized(getattr(obj, f.name)) for f in fields(obj)}}
+    return obj
+
+
+def comparable(report: dict) -> tuple:
+    findings = [(f["rule"], f["severity"], f["module"], f["message"]) for f in report["findings"]]
+    return report["modules"], findings
+
+
+def test_audit_of_a_live_object_is_the_cli_on_its_dump(tmp_path, monkeypatch, capsys):
+    from qaudit import AuditFailed, audit
+
+    cfg = ConfigContainer()
+    path = tmp_path / "ConfigContainer.yaml"
+    path.write_text(yaml.safe_dump(serialized(cfg), sort_keys=False))
+    code, from_cli = audit_json(monkeypatch, capsys, str(path))
+    report = audit(cfg)
+    assert report.exit_code == code == 1
+    assert comparable(report.to_dict()) == comparable(from_cli)
+    assert report.rows and {f.rule for f in report.findings} >= {"QA001"}
+    with pytest.raises(AuditFailed) as caught:
+        report.raise_for_findings()
+    assert isinstance(caught.value, AssertionError) and "QA001" in str(caught.value)
+    assert audit(cfg, megatron="main").raise_for_findings().exit_code == 0
+
+
+def test_audit_of_a_provider_or_a_mapping(tmp_path):
+    from qaudit import audit
+
+    provider = audit(HybridModelProvider(gradient_accumulation_fusion=True, mtp_num_layers=1))
+    assert provider.exit_code == 0 and provider.report.source[0].startswith("Python config")
+    mapping = audit({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                     "fp8": "e4m3", "fp8_recipe": "tensorwise"})
+    assert {r.precision for r in mapping.rows} >= {"fp8/tensorwise"}
+    assert audit(EXAMPLE).exit_code == 1
+
+
+def test_the_python_example_in_the_docs_runs(capsys):
+    import re
+
+    from qaudit import AuditFailed
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "bridge.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    with pytest.raises(AuditFailed):
+        exec(compile(code, "docs/bridge.md", "exec"), {"__name__": "__main__"})
+    assert capsys.readouterr().out.startswith("1 ['QA001'")
+
+
+def test_megatron_lms_pretrain_config_container_nests_the_transformer(tmp_path):
+    """PretrainConfigContainer: model is a GPTModelConfig with `transformer:` inside."""
+    transformer = {k: v for k, v in gpt_model().items() if k != "_target_"}
+    document = {"_target_": "megatron.training.config.container.PretrainConfigContainer",
+                "model": {"_target_": "megatron.training.models.gpt.GPTModelConfig",
+                          "transformer": {"_target_": "megatron.core.transformer."
+                                          "transformer_config.TransformerConfig",
+                                          **transformer},
+                          "vocab_size": 1024},
+                "mixed_precision": "bf16_with_mxfp8_mixed"}
+    path = tmp_path / "container.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    config, _ = load_files(str(path))
+    assert config.num_layers == LAYERS and config.fp8_recipe == "mxfp8"
+    assert config.vocab_size == 1024 and config.family == "gpt"
+    assert config.source.header_notes[0].startswith("Bridge PretrainConfigContainer")
+
+
+def test_named_settings_are_warned_where_bridge_keeps_them(tmp_path):
+    path = write_dump(tmp_path, ddp={"overlap_grad_reduce": True, "use_distributed_optimizer": True},
+                      comm_overlap={"overlap_grad_reduce": False, "delay_wgrad_compute": None},
+                      dist={"use_torch_fsdp2": True}, peft={"_target_": "x.LoRA"})
+    config, _ = load_files(path)
+    keys = {note.key for note in config.source.notes}
+    # comm_overlap's non-null value wins over the DDP one (with the distributed optimizer)
+    assert keys == {"dist.use_torch_fsdp2", "peft"}
+    assert config.delay_wgrad_compute is False
+    fsdp = write_dump(tmp_path, "fsdp.yaml", dist={"use_megatron_fsdp": True},
+                      ddp={"data_parallel_sharding_strategy": "optim_grads_params"})
+    config, _ = load_files(fsdp)
+    assert config.use_megatron_fsdp and config.overwrites_main_grad
