@@ -86,10 +86,9 @@ def _fail(message: str, code: int) -> None:
 
 @app.command()
 def check(
-    targets: list[str] = typer.Argument(..., metavar="CONFIG [KEY=VALUE ...]", show_default=False,
-                                        help="Configs (YAML, launch script, MODEL_ARGS YAML, "
-                                        "Bridge ConfigContainer) or a directory of them; after "
-                                        "one Bridge config, Hydra-style overrides."),
+    targets: list[str] = typer.Argument(..., metavar="CONFIG", show_default=False,
+                                        help="Configs or directories of them; or one Bridge "
+                                        "config and KEY=VALUE overrides."),
     override_files: Optional[list[str]] = typer.Option(None, "--override", metavar="FILE",
                                                        help="A Bridge override YAML; "
                                                        "repeatable."),
