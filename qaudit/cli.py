@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from qaudit import __version__
+from qaudit.commands.targets import split_targets  # noqa: F401  (one definition, commands/)
+from qaudit.commands.written import written_files
 from qaudit.errors import EnvironmentProblem, InputError, printable
 
 if TYPE_CHECKING:
@@ -17,9 +19,24 @@ if TYPE_CHECKING:
 
 EXIT_USAGE, EXIT_INTERNAL = 2, 3
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, no_args_is_help=True,
+                  rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Audit Megatron-LM / Transformer Engine quantization and gradient "
-                       "accumulation before a long training run.")
+                       "accumulation before a long training run. Details: docs/usage.md.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main_options(version: bool = typer.Option(False, "--version", callback=_print_version,
+                                               is_eager=True,
+                                               help="Print qaudit's version and exit.")) -> None:
+    """Audit Megatron-LM / Transformer Engine quantization and gradient accumulation before a
+    long training run. Details: docs/usage.md."""
 
 
 class Policy(str, Enum):
@@ -55,23 +72,11 @@ class DeviceChoice(str, Enum):
     cuda = "cuda"
 
 
-MEGATRON_HELP = ("The Megatron the verdict is for. auto (default): the Megatron this Python "
-                 "would import (PYTHONPATH, site-packages, editable installs), its behaviour read "
-                 "from its code (never imported); with none, the Megatron a Megatron-Bridge "
-                 "dump's writer pins, else the newest megatron-core release qaudit knows, said "
-                 "in the report. main: Megatron-LM main (d98e8a64 + PR #6965). VERSION: a "
-                 "megatron-core release (0.5.0 ... 0.19.2). COMMIT: a Megatron-LM commit qaudit "
-                 "knows (bridge-v0.6.0 = cd4afffa64, d98e8a64). PATH: a Megatron-LM checkout or "
-                 "an installed megatron-core directory, read as auto reads its own.")
-TE_HELP = ("The Transformer Engine behaviour the verdict is for. auto (default): the version of "
-           "the TE this Python would import, read from its package metadata (TE is not "
-           "imported); with none, the newest TE release qaudit knows, said in the report. "
-           "main: TE main (2.20.0.dev0). VERSION: a TE release (1.9 ... 2.20.2). PATH: a "
-           "directory holding transformer_engine/ (site-packages or a TE checkout), its "
-           "version read from its metadata.")
-POLICY_HELP = ("Override the tracking behaviour of --megatron: legacy (megatron-core 0.19), "
-               "pre-5642 (0.9-0.18: a quant_recipe alone does not re-arm), always-rearm "
-               "(0.5-0.8), config (main, PR #6965), module (PR #7353).")
+# One line each in `check --help` (it fits a screen); docs/usage.md has the details: the
+# Megatron / Transformer Engine the verdict is for.
+MEGATRON_HELP = "Megatron judged: auto|main|VERSION|COMMIT|PATH"
+TE_HELP = "Transformer Engine judged: auto|main|VERSION|PATH"
+POLICY_HELP = "Override the is_first_microbatch tracking."
 
 
 def _fail(message: str, code: int) -> None:
@@ -79,132 +84,108 @@ def _fail(message: str, code: int) -> None:
     raise typer.Exit(code)
 
 
-def split_targets(args: list[str]) -> tuple[list[str], list[str]]:
-    """CONFIG arguments into (paths, overrides): an argument starting with '+' or '~', or
-    holding '=' without naming an existing path, is a Hydra-style override (`a.b=c`)."""
-    import os
-
-    paths: list[str] = []
-    overrides: list[str] = []
-    for arg in args:
-        if arg[:1] in ("+", "~") or ("=" in arg and not os.path.exists(arg)):
-            overrides.append(arg)
-        else:
-            paths.append(arg)
-    return paths, overrides
-
-
 @app.command()
 def check(
-    targets: list[str] = typer.Argument(..., metavar="CONFIG [KEY=VALUE ...]",
-                                        help="Model config: a YAML of TransformerConfig field "
-                                        "names (flat or under 'model:'), a Megatron-Bridge "
-                                        "ConfigContainer YAML, a Megatron launch script (.sh) or "
-                                        "a functional-test YAML with MODEL_ARGS. After a Bridge "
-                                        "ConfigContainer: Hydra-style overrides (a.b=c, +a.b=c, "
-                                        "++a.b=c, ~a.b), applied as Bridge applies them. "
-                                        "gradient_accumulation_fusion defaults to true, as on "
-                                        "Megatron's training command line."),
+    targets: list[str] = typer.Argument(..., metavar="CONFIG", show_default=False,
+                                        help="Configs or directories of them; or one Bridge "
+                                        "config and KEY=VALUE overrides."),
     override_files: Optional[list[str]] = typer.Option(None, "--override", metavar="FILE",
-                                                       help="A Megatron-Bridge override YAML "
-                                                       "merged into the ConfigContainer before "
-                                                       "the KEY=VALUE arguments, as Bridge "
-                                                       "merges it; repeatable."),
-    recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Quant recipe YAML "
-                                         "(configs + matchers); wins over the config's quant_recipe."),
+                                                       help="A Bridge override YAML; "
+                                                       "repeatable."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", "-r", metavar="FILE",
+                                         help="Quant recipe YAML (wins over quant_recipe)."),
     set_values: Optional[list[str]] = typer.Option(None, "--set", metavar="NAME=VALUE",
-                                                   help="A value a launch script or MODEL_ARGS "
-                                                   "file takes from outside (environment "
-                                                   "variable, ${VAR} placeholder, script argument "
-                                                   "number); repeatable."),
-    megatron: str = typer.Option("auto", "--megatron", metavar="auto|main|VERSION|COMMIT|PATH",
+                                                   help="A value a script takes from outside."),
+    megatron: str = typer.Option("auto", "--megatron", metavar="WHICH", show_default=False,
                                  help=MEGATRON_HELP),
-    te: str = typer.Option("auto", "--te", metavar="auto|main|VERSION|PATH", help=TE_HELP),
-    policy: Optional[Policy] = typer.Option(None, help=POLICY_HELP),
-    steps: int = typer.Option(2, min=1, max=100, help="Training steps to run."),
-    microbatches: int = typer.Option(2, min=1, max=64, help="Microbatches per step."),
+    te: str = typer.Option("auto", "--te", metavar="WHICH", show_default=False, help=TE_HELP),
+    policy: Optional[Policy] = typer.Option(None, metavar="NAME", help=POLICY_HELP),
+    steps: int = typer.Option(2, min=1, max=100, metavar="N", show_default=False,
+                              help="Training steps (default 2)."),
+    microbatches: int = typer.Option(2, min=1, max=64, metavar="N", show_default=False,
+                                     help="Microbatches per step (default 2)."),
     output_format: OutputFormat = typer.Option(OutputFormat.table, "--format", "-f",
-                                               help="Output format."),
-    runtime: RuntimeChoice = typer.Option(RuntimeChoice.auto, help="auto (te when Transformer "
-                                          "Engine and CUDA work, else reference), reference "
-                                          "(pure PyTorch) or te (Transformer Engine, CUDA)."),
-    device: Optional[DeviceChoice] = typer.Option(None, help="Where the reference runtime runs: "
-                                                  "cpu (default) or cuda. te always runs on "
-                                                  "cuda; with auto, cpu means reference."),
-    seed: int = typer.Option(0, help="Seed for weights and data."),
-    fail_on: FailOn = typer.Option(FailOn.error, help="Lowest finding severity that makes the "
-                                   "exit code 1."),
-    evaluation: bool = typer.Option(False, "--eval", help="Forward-only run with modules in eval "
-                                    "mode (evaluation recipes in force)."),
-    verify: bool = typer.Option(False, "--verify", help="Measure each module's main_grad against "
-                                "an unfused float64 autograd reference (grad_rel_error)."),
-    compare_policies: bool = typer.Option(False, "--compare-policies", help="Also audit under "
-                                          "legacy, config and module; verdicts per module group."),
-    rank: Optional[int] = typer.Option(None, "--rank", min=0, help="Show one pipeline stage "
-                                       "(default: every stage, each row named by its stage)."),
-    full_size: bool = typer.Option(False, "--full-size", help="Build real widths on the meta "
-                                   "device (no storage; with --verify on the CPU, refused when "
-                                   "they cannot fit) and report per-rank memory. Default: "
-                                   "shrunk widths, every count kept."),
-    suggest_fixes: bool = typer.Option(False, "--suggest", help="Re-audit the known remedies for "
-                                       "each error and print those that pass, with their cost."),
+                                               metavar="FORMAT", show_default=False,
+                                               help="table, markdown, json, sarif or github."),
     output: Optional[list[str]] = typer.Option(None, "--output", "-o", metavar="FORMAT=PATH",
-                                               help="Also write FORMAT (table, markdown, json, "
-                                               "sarif, github, svg) to PATH; repeatable."),
-    expand: bool = typer.Option(False, "--expand", help="Table/Markdown: one row per module "
-                                "(identical layers not collapsed), one finding per module."),
-    baseline: Optional[str] = typer.Option(None, "--baseline", help="Report only findings not "
-                                           "in this baseline file; the exit code counts only "
-                                           "the new ones."),
-    write_baseline: Optional[str] = typer.Option(None, "--write-baseline", help="Record "
-                                                 "today's findings in this baseline file."),
-    allow_import: bool = typer.Option(False, "--allow-import", help="Import and call the "
-                                      "recipe's custom_recipe_factory (runs Python code the "
-                                      "recipe names). Off by default: nothing is imported."),
-    cross_check: bool = typer.Option(False, "--cross-check", help="Also build and train the "
-                                     "config with the installed Megatron (megatron-core or a "
-                                     "checkout on PYTHONPATH) and report every module where "
-                                     "it differs from qaudit's model (rule QA030)."),
-    allow_symlinked_output: bool = typer.Option(
-        False, "--allow-symlinked-output", help="Write outputs through symbolic links (the "
-        "file a link names). Off by default: an output path that is, or goes through, a "
-        "symlink is refused (exit 2)."),
-    cross_check_timeout: float = typer.Option(
-        900.0, "--cross-check-timeout", min=0.1, max=86400.0, metavar="SECONDS",
-        help="--cross-check: wall-clock deadline of the worker that runs the installed "
-             "Megatron; past it the worker is killed and qaudit exits 3."),
-    cross_check_memory: int = typer.Option(
-        16384, "--cross-check-memory", min=0, metavar="MIB",
-        help="--cross-check: how far the worker's address space may grow beyond what it "
-             "starts with (RLIMIT_AS, forked worker only); 0: no limit."),
-    allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run even when "
-                                          "the estimated audit time (modules x steps x "
-                                          "microbatches) is over 10 minutes; refused (exit "
-                                          "2) otherwise."),
+                                               help="Also write FORMAT (or svg) to PATH."),
+    fail_on: FailOn = typer.Option(FailOn.error, metavar="SEVERITY", show_default=False,
+                                   help="Lowest severity that exits 1 (default error)."),
+    show_info: bool = typer.Option(False, "--show-info", "-v",
+                                   help="Table: print the info notes in full."),
+    expand: bool = typer.Option(False, "--expand", help="One row per module, one finding "
+                                "per module."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", metavar="FILE",
+                                           help="Report only findings not in FILE."),
+    write_baseline: Optional[str] = typer.Option(None, "--write-baseline", metavar="FILE",
+                                                 help="Record today's findings in FILE."),
+    runtime: RuntimeChoice = typer.Option(RuntimeChoice.auto, metavar="NAME",
+                                          show_default=False,
+                                          help="auto (default), reference or te (CUDA)."),
+    device: Optional[DeviceChoice] = typer.Option(None, metavar="NAME",
+                                                  help="Reference runtime on cpu or cuda."),
+    seed: int = typer.Option(0, metavar="N", show_default=False,
+                             help="Seed for weights and data (default 0)."),
+    evaluation: bool = typer.Option(False, "--eval", help="Forward-only, modules in eval mode."),
+    verify: bool = typer.Option(False, "--verify", help="Measure main_grad against a "
+                                "reference."),
+    compare_policies: bool = typer.Option(False, "--compare-policies",
+                                          help="Verdicts under every tracking policy."),
+    suggest_fixes: bool = typer.Option(False, "--suggest", help="Re-audit the known remedies "
+                                       "for errors."),
+    cross_check: bool = typer.Option(False, "--cross-check", help="Compare with the installed "
+                                     "Megatron (QA030)."),
+    rank: Optional[int] = typer.Option(None, "--rank", min=0, metavar="N", show_default=False,
+                                       help="Show one pipeline stage."),
+    full_size: bool = typer.Option(False, "--full-size", help="Build real widths, not "
+                                   "shrunk ones."),
+    allow_import: bool = typer.Option(False, "--allow-import", help="Import the recipe's "
+                                      "custom_recipe_factory."),
+    allow_symlinked_output: bool = typer.Option(False, "--allow-symlinked-output",
+                                                help="Write outputs through symbolic links."),
+    cross_check_timeout: float = typer.Option(900.0, "--cross-check-timeout", min=0.1,
+                                              max=86400.0, metavar="SECONDS",
+                                              show_default=False,
+                                              help="Cross-check worker deadline (900)."),
+    cross_check_memory: int = typer.Option(16384, "--cross-check-memory", min=0, metavar="MIB",
+                                           show_default=False,
+                                           help="Cross-check worker memory (16384)."),
+    allow_long_audit: bool = typer.Option(False, "--allow-long-audit", help="Run past the "
+                                          "10-minute estimate."),
 ) -> None:
-    """Build the model, run a few steps, and report every TE module. Exit 1 on errors.
+    """Build the model, run a few steps, report every TE module; exit 1 on errors.
 
-    Under `torchrun --nproc-per-node P --no-python qaudit check ...` each process runs one
-    pipeline stage; rank 0 prints the merged report and every rank exits with the same code."""
+    Several configs (or a directory): one summary line each, the worst exit code; json and
+    sarif carry every file. Every option in detail: docs/usage.md."""
+    from qaudit.commands.targets import expand_targets, split_targets
     from qaudit.files.outputs import allow_symlinked_output as follow_output_links
     from qaudit.run import distributed
     from qaudit.run.options import AuditOptions
 
     follow_output_links(allow_symlinked_output)
-
+    paths, arguments = split_targets(targets)
+    if not paths:
+        _fail("error: no config given", EXIT_USAGE)
+    if (arguments or override_files) and len(paths) != 1:
+        _fail(f"error: overrides apply to one Megatron-Bridge config, got {len(paths)} paths "
+              f"({', '.join(paths)})", EXIT_USAGE)
+    try:
+        files, several = expand_targets(paths)
+    except InputError as exc:
+        _fail(f"error: {exc}", EXIT_USAGE)
+    if several and (arguments or override_files):
+        _fail(f"error: {paths[0]}: overrides apply to one Megatron-Bridge config, not a "
+              "directory", EXIT_USAGE)
     try:
         world = distributed.world_from_environment()
         if world is not None:
+            if several:
+                _fail("error: under torchrun, check takes one config", EXIT_USAGE)
             distributed.join(world)
     except EnvironmentProblem as exc:
         _fail(f"error: {exc}", EXIT_INTERNAL)
     from qaudit.load.bridge.overrides import Override
 
-    paths, arguments = split_targets(targets)
-    if len(paths) != 1:
-        _fail(f"error: expected one CONFIG path, got {len(paths)}"
-              + (f" ({', '.join(paths)})" if paths else ""), EXIT_USAGE)
-    config = paths[0]
     overrides = tuple([Override(path=path) for path in override_files or []]
                       + [Override(text=text, index=targets.index(text) + 1) for text in arguments])
     options = AuditOptions(policy=policy.value if policy else None, megatron=megatron, te=te,
@@ -216,10 +197,16 @@ def check(
                            cross_check_timeout=cross_check_timeout,
                            cross_check_memory=cross_check_memory or None,
                            allow_long_audit=allow_long_audit, overrides=overrides)
+    if several:
+        from qaudit.commands.many import check_many
+
+        raise typer.Exit(check_many(files, recipe, options, set_values, output_format.value,
+                                    fail_on.value, output, baseline, write_baseline,
+                                    suggest_fixes))
     # Under torchrun every rank reaches the same outcome and only rank 0 speaks.
     speaks = world is None or world.is_leader
-    code = _check(config, recipe, options, set_values, output_format, fail_on, output, expand,
-                  baseline, write_baseline, suggest_fixes, speaks)
+    code = _check(files[0], recipe, options, set_values, output_format, fail_on, output, expand,
+                  baseline, write_baseline, suggest_fixes, speaks, show_info)
     if world is not None:
         distributed.exit_together(code)
     raise typer.Exit(code)
@@ -228,7 +215,7 @@ def check(
 def _check(config: str, recipe: str | None, options: AuditOptions, set_values: list[str] | None,
            output_format: OutputFormat, fail_on: FailOn, output: list[str] | None, expand: bool,
            baseline: str | None, write_baseline: str | None, suggest_fixes: bool,
-           speaks: bool) -> int:
+           speaks: bool, show_info: bool = False) -> int:
     """`check` once options are known: the exit code, after printing (when `speaks`)."""
     from dataclasses import replace
 
@@ -283,25 +270,10 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
             # The config's own quant_recipe is known only now.
             check_clashes(written, inputs + ([("recipe", report.recipe)] if report.recipe else []))
             emit(report, code, output_format.value, outputs, expand=expand,
-                 extra_files=baselines.files(report))
+                 show_info=show_info, extra_files=baselines.files(report))
         except InputError as exc:
             return failed(f"error: {exc}", EXIT_USAGE)
     return code
-
-
-def written_files(outputs: list[tuple[str, str]], write_baseline: str | None = None
-                  ) -> list[tuple[str, str]]:
-    """Every file a run writes, as (what, path): --output files, --write-baseline, and the
-    GitHub job summary under GitHub Actions."""
-    import os
-
-    written = [(f"--output {fmt}", path) for fmt, path in outputs]
-    if write_baseline:
-        written.append(("--write-baseline", write_baseline))
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary and os.environ.get("GITHUB_ACTIONS") == "true":
-        written.append(("GITHUB_STEP_SUMMARY", summary))
-    return written
 
 
 class RulesFormat(str, Enum):

@@ -10,7 +10,7 @@ found (an empty list when every rule holds):
 - `unchanged` files keep their bytes, mode and kind (a symlink stays a symlink);
 - no temporary file is left and nothing appears besides the `outputs` named;
 - no output line of any format but `github` starts, after whitespace, with `::`;
-- the run ends within `seconds`.
+- the run ends (a hang guard of at least `HANG_SECONDS`, never a measure of speed).
 
 Families: `cwd` (1: modules planted next to the config, run in a subprocess), `shell` (2:
 launch scripts whose values double, copy, fork and recurse), `user_errors` (3: huge literals,
@@ -484,9 +484,16 @@ def _listing(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*")}
 
 
+# A deadline here only turns a hang into a failure; it never measures speed (that is
+# scripts/bench's and scripts/fuzz's "slow:" list). It is far past any run's cost even on a
+# machine loaded 10x, so no deadline is shorter.
+HANG_SECONDS = 600.0
+
+
 @contextlib.contextmanager
 def _deadline(seconds: float):
-    """Raise TimeoutError in this (main) thread after `seconds`."""
+    """Raise TimeoutError in this (main) thread after `seconds` (at least HANG_SECONDS)."""
+    seconds = max(seconds, HANG_SECONDS)
     def expire(signum, frame):
         raise TimeoutError(f"still running after {seconds:.0f} s")
 
@@ -526,10 +533,11 @@ def run_case(case: Case, folder: Path) -> Result:
         try:
             done = subprocess.run([sys.executable, "-m", "qaudit", *case.argv], cwd=folder,
                                   capture_output=True, text=True, errors="replace",
-                                  timeout=case.seconds, env=env, preexec_fn=limit_memory)
+                                  timeout=max(case.seconds, HANG_SECONDS), env=env,
+                                  preexec_fn=limit_memory)
             code, out, err = done.returncode, done.stdout, done.stderr
         except subprocess.TimeoutExpired:
-            code, out, err = -1, "", f"still running after {case.seconds:.0f} s"
+            code, out, err = -1, "", f"still running after {max(case.seconds, HANG_SECONDS):.0f} s"
     else:
         saved_env = {k: os.environ.get(k) for k in case.env}
         os.environ.update(case.env)

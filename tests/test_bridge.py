@@ -313,8 +313,10 @@ def test_an_existing_path_with_equals_is_a_path(tmp_path):
 
 def test_cli_overrides_and_refusals(tmp_path, monkeypatch, capsys, write_yaml):
     dump = write_dump(tmp_path)
-    code, _, err = run_in_process(monkeypatch, capsys, "check", dump, dump, cwd=None)
-    assert code == 2 and "one CONFIG" in err
+    # Several configs are audited one by one (issue 23); overrides take exactly one.
+    code, _, err = run_in_process(monkeypatch, capsys, "check", dump, dump, "model.num_layers=2",
+                                  cwd=None)
+    assert code == 2 and "overrides apply to one Megatron-Bridge config" in err
     code, _, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
                                   "model.num_layers=2")
     assert code == 2 and "ConfigContainer" in err

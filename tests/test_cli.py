@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,19 @@ def test_missing_config_exits_2(monkeypatch, capsys):
     code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/nope.yaml")
     assert (code, out) == (2, "")
     assert err == "error: configs/nope.yaml: file not found\n"
+
+
+def test_the_distribution_name_is_ours_everywhere():
+    """`qaudit` on the package index is an unrelated program: every doc and message names
+    the distribution megatron-qaudit (the command stays qaudit)."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "megatron-qaudit" and "qaudit" in project["scripts"]
+    texts = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")),
+             *sorted((REPO / "qaudit").rglob("*.py")), *sorted((REPO / "scripts").iterdir()),
+             *[p for p in (REPO / "action.yml", REPO / ".pre-commit-hooks.yaml") if p.exists()]]
+    wrong = re.compile(r"pip install (-U |--upgrade )?[\"']?qaudit\b(?!-)")
+    for path in texts:
+        if path.is_file():
+            assert not wrong.search(path.read_text(errors="replace")), path

@@ -108,6 +108,23 @@ def te_modules(config) -> int:
     return 4 * layers + moe_layers * (config.num_moe_experts or 0) * per_expert
 
 
+MAX_TABLE_LINES = 200  # a reviewer reads the whole table
+VERDICT_WITHIN = 25  # the verdict and its findings start on the first screen
+
+
+def check_first_screen(report, code: int) -> None:
+    """The table output opens with the verdict (findings within the first 25 lines) and fits
+    in 200 lines (modules that behave alike share rows)."""
+    from qaudit.render import render
+
+    lines = render(report, code, "table").splitlines()
+    assert len(lines) <= MAX_TABLE_LINES, f"{len(lines)} lines"
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("verdict: "))
+    assert verdict < VERDICT_WITHIN, verdict
+    if report.findings:
+        assert lines[verdict + 1].startswith("  "), lines[verdict + 1]  # an entry or the count
+
+
 def audit(path: Path) -> tuple[int, str]:
     started = time.perf_counter()
     try:
@@ -115,7 +132,9 @@ def audit(path: Path) -> tuple[int, str]:
         if te_modules(config) > MAX_MODULES and not FULL:
             code, message = -1, "not run"
         else:
-            code, message = audit_config(config, recipe, OPTIONS).exit_code(), ""
+            report = audit_config(config, recipe, OPTIONS)
+            code, message = report.exit_code(), ""
+            check_first_screen(report, code)
     except InputError as exc:
         code, message = 2, str(exc)
     except Exception:  # noqa: BLE001 - the assertion below reports it
@@ -274,3 +293,23 @@ def test_mla_without_qk_layernorm_has_plain_column_up_projections():
     report = _report("gpt__gpt3_mcore_te_tp2_pp2_mla.yaml")
     ups = _rows(report, r"decoder\.layers\.\d+\.self_attention\.linear_(q|kv)_up_proj")
     assert ups and {row.type for row in ups.values()} == {"TEColumnParallelLinear"}
+
+
+# Performance flags common in the corpus: each is read and shown to change nothing
+# (docs/no-effect-settings.md) or modelled, so none may be a QA090 warning.
+PERFORMANCE_FLAGS = ("--overlap-grad-reduce", "--overlap-param-gather",
+                     "--overlap-param-gather-with-optimizer-step", "--use-distributed-optimizer",
+                     "--sequence-parallel", "--recompute-granularity", "--recompute-activations",
+                     "--cross-entropy-loss-fusion", "--moe-grouped-gemm", "--bf16",
+                     "--attention-backend", "--ckpt-format", "--use-mcore-models")
+
+
+@pytest.mark.parametrize("path", FILES, ids=[f"{p.parent.name}/{p.name}" for p in FILES])
+def test_common_performance_flags_are_not_warnings(path):
+    try:
+        config, _ = load_inputs(str(path))
+    except InputError:
+        return  # refused with a reason: test_corpus_file_audits_or_names_what_is_missing
+    warned = [note.message for note in config.source.notes if not note.no_effect
+              and note.message.split(" ", 1)[0].split(":", 1)[0] in PERFORMANCE_FLAGS]
+    assert warned == []

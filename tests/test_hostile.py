@@ -18,7 +18,6 @@ import os
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -286,7 +285,8 @@ def small_bomb() -> str:
 
 
 @pytest.mark.parametrize("where", ["config", "recipe"])
-def test_one_kilobyte_bomb_is_refused_in_under_a_second(write_yaml, where):
+def test_one_kilobyte_bomb_is_refused_after_counting_each_node_once(write_yaml, monkeypatch,
+                                                                   where):
     text = small_bomb()
     assert len(text.encode()) <= 1024
     if where == "config":
@@ -294,12 +294,19 @@ def test_one_kilobyte_bomb_is_refused_in_under_a_second(write_yaml, where):
     else:
         config = write_yaml("cfg.yaml", BASE)
         recipe = write_yaml("r.yaml", text.replace(BASE, "configs: *i\nmatchers: {}\n"))
-    load_inputs(write_yaml("warm.yaml", BASE))  # imports done before the clock starts
-    start = time.perf_counter()
+    from qaudit.load import yamlio
+    from work_counts import count_calls
+
+    # Shared values are counted once each: the work is the document's nodes, not 9**9.
+    sized = count_calls(monkeypatch, yamlio, "_expanded_size")
+    constructed = count_calls(monkeypatch, yamlio._LineLoader, "construct_object")
     with pytest.raises(InputError) as info:
         load_inputs(config, recipe)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f"{elapsed:.2f} s"
+    # Linear in the text (a few passes over its ~100 words, whichever readers look at it),
+    # where expanding the aliases would be 9**9 values.
+    words = len(text.split())
+    assert sized.calls < 20 * words and constructed.calls < 20 * words, (sized.calls,
+                                                                        constructed.calls)
     assert "aliases expand this document" in str(info.value) and "refused" in str(info.value)
     assert info.value.file == (config if recipe is None else recipe)
 
@@ -447,9 +454,7 @@ def test_huge_valid_model_is_refused_before_building(write_yaml, monkeypatch, te
 
     monkeypatch.setattr("qaudit.run.audit.build_model", must_not_build)
     path = write_yaml("cfg.yaml", text)
-    start = time.perf_counter()
     code, out, err = cli("check", path)
-    assert time.perf_counter() - start < 5.0
     check_one_error_line((code, out, err), f"{path}:", f"key '{key}'", *words)
 
 

@@ -62,7 +62,7 @@ def launchers() -> dict[str, list[str]]:
     }
 
 
-def run_in(folder: Path, argv: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+def run_in(folder: Path, argv: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GITHUB_ACTIONS")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     return subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=timeout,
@@ -112,11 +112,12 @@ import random  # noqa: E402
 import time  # noqa: E402
 
 import hostile_inputs as h  # noqa: E402
+from work_counts import count_calls  # noqa: E402
 from qaudit.errors import InputError  # noqa: E402
 from qaudit.load.sources.argv import HOLE  # noqa: E402
 
 
-def read_script(text: str, seconds: float = 20.0):
+def read_script(text: str, seconds: float = h.HANG_SECONDS):
     """The launch-script reader on `text`, failing the test (not hanging) past `seconds`."""
     from qaudit.load.sources.launch_script import launch_script_words
 
@@ -148,16 +149,38 @@ BOMBS = {
 }
 
 
+def held_characters(interpreter) -> int:
+    """Characters in the interpreter's variables, counted from the values themselves (not
+    from its own bookkeeping)."""
+    total = 0
+    for value in interpreter.env.values():
+        items = value if isinstance(value, list) and value and isinstance(value[0], list) \
+            else [value]
+        total += sum(len(item) for item in items if isinstance(item, (list, tuple, str)))
+    return total
+
+
 @pytest.mark.parametrize("name", sorted(BOMBS))
-def test_shell_budgets_end_in_exit_2_naming_file_and_line(name):
-    start = time.perf_counter()
+def test_shell_budgets_end_in_exit_2_naming_file_and_line(name, monkeypatch):
+    from qaudit.load.sources import shell_eval
+
+    steps = count_calls(monkeypatch, shell_eval.Interpreter, "step")
+    charged = []  # characters counted as copied before each charge (the last one is refused)
+    original_spend = shell_eval.Interpreter.spend
+    monkeypatch.setattr(shell_eval.Interpreter, "spend",
+                        lambda self, n: (charged.append(self.work), original_spend(self, n)))
     with pytest.raises(InputError) as info:
         read_script("#!/bin/bash\n" + BOMBS[name] + h.LAUNCH)
-    elapsed = time.perf_counter() - start
     error = info.value
     assert error.file == "train.sh" and error.line, str(error)
     assert any(word in str(error) for word in ("characters", "words, operators")), str(error)
-    assert elapsed < 10, f"{elapsed:.1f} s"
+    # The work done before the refusal is bounded by the budgets, counted in commands
+    # followed and characters copied or held (not in seconds).
+    interpreter = steps.instances[-1] if steps.instances else None
+    if interpreter is not None:
+        assert steps.calls <= shell_eval.MAX_STEPS
+        assert not charged or charged[-1] <= shell_eval.MAX_WORK
+        assert held_characters(interpreter) <= shell_eval.MAX_HELD
 
 
 def test_budget_errors_through_the_cli(tmp_path):
@@ -183,20 +206,31 @@ def test_scripts_within_the_budgets_still_read(tmp_path):
     assert len(words) == 6 + 300 + 1
 
 
+# Counted work (commands followed, characters copied) and peak memory of one read; the
+# seconds it takes are scripts/bench's (docs/security.md), not a test's.
 MEASURE = """
-import resource, sys, time
+import resource, sys
 from qaudit.errors import InputError
+from qaudit.load.sources import shell_eval
 from qaudit.load.sources.launch_script import launch_script_words
+seen, charged = [], [0]
+original_run, original_spend = shell_eval.Interpreter.run, shell_eval.Interpreter.spend
+def run(self, script):
+    seen.append(self)
+    return original_run(self, script)
+def spend(self, characters):
+    charged[0] = self.work  # before this charge: a refused one is never carried out
+    return original_spend(self, characters)
+shell_eval.Interpreter.run, shell_eval.Interpreter.spend = run, spend
 text = open(sys.argv[1]).read()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-start = time.perf_counter()
 try:
     launch_script_words(text, sys.argv[1], {})
     outcome = "read"
 except InputError as exc:
     outcome = "exit 2"
-print(time.perf_counter() - start, (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-                                     - before) / 1024, outcome)
+print(seen[-1].steps if seen else 0, charged[0], (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                                      - before) / 1024, outcome)
 """
 
 
@@ -216,15 +250,20 @@ def big_scripts() -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(big_scripts()))
-def test_any_script_under_1_mib_reads_in_seconds_and_under_200_mb(tmp_path, name):
+def test_any_script_under_1_mib_reads_within_the_budgets_and_under_200_mb(tmp_path, name):
+    from qaudit.load.sources import shell_eval
+
     text = "#!/bin/bash\n" + big_scripts()[name] + h.LAUNCH
     assert len(text.encode()) < 1 << 20
     script = tmp_path / "train.sh"
     script.write_text(text)
     done = subprocess.run([sys.executable, "-c", MEASURE, str(script)], capture_output=True,
-                          text=True, timeout=120, cwd=REPO)
-    seconds, megabytes, _ = done.stdout.split(maxsplit=2)
-    assert float(seconds) < 15 and float(megabytes) < 200, done.stdout
+                          text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    steps, work, megabytes, _ = done.stdout.split(maxsplit=3)
+    assert int(steps) <= shell_eval.MAX_STEPS + 1, done.stdout
+    assert int(work) <= shell_eval.MAX_WORK, done.stdout
+    assert float(megabytes) < 200, done.stdout
 
 
 def test_every_character_keeps_its_source_line():
@@ -506,10 +545,9 @@ def test_a_symlinked_output_stays_a_symlink(inputs):
 
 def test_non_regular_targets_are_written_through_or_refused(inputs):
     os.mkfifo(inputs / "fifo")
-    start = time.perf_counter()
+    # "no reader" is what a non-blocking open says (ENXIO): a blocking one would wait instead.
     one_error_line(cli("check", "cfg.yaml", "--steps", "1", "--microbatches", "1",
                        "-o", "json=fifo"), "fifo: cannot write: a FIFO (named pipe) with no reader")
-    assert time.perf_counter() - start < 30
     assert stat.S_ISFIFO(os.lstat(inputs / "fifo").st_mode)
     code, _, err = cli("check", "cfg.yaml", "--steps", "1", "--microbatches", "1",
                        "-o", "json=/dev/null")
@@ -532,7 +570,7 @@ def test_a_fifo_with_a_reader_gets_the_report(inputs):
         if code == 0:
             break
         time.sleep(0.1)
-    reader.join(timeout=30)
+    reader.join(timeout=600)
     assert code == 0, err
     assert received and b'"schema": "qaudit/1"' in received[0]
 
@@ -543,22 +581,32 @@ def test_dev_stdout_gets_the_report_and_stays_a_device(tmp_path):
     with open(out, "w") as handle:
         done = subprocess.run([str(BIN / "qaudit"), "check", "cfg.yaml", "--steps", "1",
                                "--microbatches", "1", "-o", "json=/dev/stdout"], cwd=tmp_path,
-                              stdout=handle, stderr=subprocess.PIPE, text=True, timeout=120)
+                              stdout=handle, stderr=subprocess.PIPE, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     text = out.read_text()
     assert text.count('"schema": "qaudit/1"') == 1 and "0 error(s)" in text  # both, in order
     assert text.index('"schema"') < text.index("0 error(s)")
 
 
+# The rename waits until the test has sent its signal (the "go" file), however slow the
+# machine: a fixed sleep let a loaded machine signal only after the write had finished.
+# write_file renames with os.rename(..., src_dir_fd=, dst_dir_fd=) (files/outputs.py).
 WRITER = """
-import os, sys, time
+import os, signal, sys, time
+# As started from a terminal: a child of nohup or of a background job inherits SIGHUP or
+# SIGINT ignored, and an ignored signal is not delivered after the rename either.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 from qaudit.files import outputs
-real_replace = os.replace
-def slow_replace(src, dst):
+real_rename = os.rename  # write_file renames the temporary file in its directory's fd
+def slow_rename(*args, **kwargs):
     open(sys.argv[2], "w").write("ready")
-    time.sleep(3)
-    real_replace(src, dst)
-os.replace = slow_replace
+    deadline = time.monotonic() + 600  # a hang guard only
+    while not os.path.exists(sys.argv[3]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    real_rename(*args, **kwargs)
+os.rename = slow_rename
 outputs.write_file(sys.argv[1], "report\\n" * 1000)
 """
 
@@ -566,16 +614,17 @@ outputs.write_file(sys.argv[1], "report\\n" * 1000)
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_no_temporary_file_is_left_when_killed(tmp_path, signum):
-    target, ready = tmp_path / "out" / "r.json", tmp_path / "ready"
+    target, ready, go = tmp_path / "out" / "r.json", tmp_path / "ready", tmp_path / "go"
     target.parent.mkdir()
-    child = subprocess.Popen([sys.executable, "-c", WRITER, str(target), str(ready)], cwd=REPO,
-                             stderr=subprocess.PIPE)
-    deadline = time.time() + 60
-    while not ready.exists() and time.time() < deadline:
+    child = subprocess.Popen([sys.executable, "-c", WRITER, str(target), str(ready), str(go)],
+                             cwd=REPO, stderr=subprocess.PIPE)
+    deadline = time.time() + 600
+    while not ready.exists() and child.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     assert ready.exists(), child.stderr.read() if child.poll() is not None else "not ready"
     child.send_signal(signum)  # while the temporary file exists
-    child.wait(timeout=60)
+    go.write_text("go")
+    child.wait(timeout=600)
     assert child.returncode != 0  # it still ends, after the rename
     assert sorted(p.name for p in target.parent.iterdir()) == ["r.json"]
     assert target.read_text() == "report\n" * 1000
@@ -697,12 +746,14 @@ def test_checked_fields_are_type_checked_in_yaml(write_yaml):
 
 # --- 8. smaller ones -----------------------------------------------------------------------------
 
-def test_a_100000_term_layer_freq_parses_in_linear_time():
-    from qaudit.load.sources.listexpr import parse_list_expression
+def test_a_100000_term_layer_freq_parses_in_linear_time(monkeypatch):
+    from qaudit.load.sources import listexpr
 
-    start = time.perf_counter()
-    assert parse_list_expression("+".join(["[1]"] * 100_000)) == [1] * 100_000
-    assert time.perf_counter() - start < 3
+    tokens = count_calls(monkeypatch, listexpr._Parser, "take")
+    terms = count_calls(monkeypatch, listexpr._Parser, "term")
+    assert listexpr.parse_list_expression("+".join(["[1]"] * 100_000)) == [1] * 100_000
+    # Each token is taken once (3 per term and the "+" between terms), each term built once.
+    assert (tokens.calls, terms.calls) == (4 * 100_000 - 1, 100_000)
 
 
 @pytest.mark.parametrize("kind, words", [("fifo", "is a FIFO (named pipe)"),
@@ -725,9 +776,7 @@ def test_baseline_or_report_that_is_not_a_file_says_what_it_is(tmp_path, kind, w
     config.write_text(BASE)
     args = ("check", str(config), "--baseline", str(path)) if where == "baseline" else \
         ("diff", str(path), str(config))
-    start = time.perf_counter()
     one_error_line(cli(*args), f"{path}: ", words)
-    assert time.perf_counter() - start < 30
 
 
 def test_job_summary_fifo_does_not_block(tmp_path, monkeypatch):
@@ -750,14 +799,17 @@ DEEPSEEK_ISH = ("num_layers: 61\nhidden_size: 1024\nnum_attention_heads: 8\nnum_
 def test_long_runs_are_estimated_and_refused_unless_allowed(tmp_path, monkeypatch):
     config = tmp_path / "cfg.yaml"
     config.write_text(DEEPSEEK_ISH)
-    start = time.perf_counter()
-    with h._deadline(120):  # the run it refuses would take hours
-        result = cli("check", str(config), "--steps", "100", "--microbatches", "64")
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("trained before refusing")
+
+    # Refused before a single microbatch runs (the run it refuses would take hours).
+    monkeypatch.setattr("qaudit.run.audit.run_training", must_not_train)
+    result = cli("check", str(config), "--steps", "100", "--microbatches", "64")
     err = one_error_line(result, f"{config}: the audit would run for about", "--allow-long-audit")
-    assert " h " in err and time.perf_counter() - start < 60
-    with h._deadline(120):
-        result = cli("check", str(config), "--steps", "50", "--microbatches", "8",
-                     "--compare-policies")
+    assert " h " in err
+    result = cli("check", str(config), "--steps", "50", "--microbatches", "8",
+                 "--compare-policies")
     from qaudit.plan.policies import COMPARED_POLICIES
 
     one_error_line(result, f"x {len(COMPARED_POLICIES)} runs")
@@ -768,23 +820,25 @@ def test_long_runs_are_estimated_and_refused_unless_allowed(tmp_path, monkeypatc
     assert code in (0, 1) and '"steps": 100' in out, err
 
 
-def test_estimate_is_close_for_the_default_run(repo_configs):
-    from qaudit.run.options import AuditOptions
-    from qaudit.commands.check import audit_files
-    from qaudit.run.cost import estimate_seconds
-    from qaudit.plan.dims import model_dims
-    from qaudit.model.gpt import build_model
-    from qaudit.plan.policies import POLICIES
-    from qaudit.model.session import Session
-    from qaudit.runtime import select_runtime
+def test_estimate_counts_modules_expert_gemms_and_microbatches(repo_configs):
+    """The estimate is counted work: one unit per module and per extra expert GEMM of a
+    grouped module, per microbatch and run. How many seconds a unit takes on a 2-core CPU is
+    a measurement (docs/performance.md), not a test's."""
     from qaudit.commands.check import load_inputs
+    from qaudit.model.gpt import build_model
+    from qaudit.model.session import Session
+    from qaudit.plan.dims import model_dims
+    from qaudit.plan.policies import POLICIES
+    from qaudit.run import cost
+    from qaudit.runtime import select_runtime
 
-    config, recipe = load_inputs(str(repo_configs / "llama-3.1-405b-fp8.yaml"))
+    config, recipe = load_inputs(str(repo_configs / "qwen3-235b-a22b-mxfp8.yaml"))
     model = build_model(config, model_dims(config, False),
                         Session(select_runtime("reference", None), POLICIES["config"]), recipe)
-    estimate = estimate_seconds(model.audited_modules(), 4)
-    start = time.perf_counter()
-    audit_files(str(repo_configs / "llama-3.1-405b-fp8.yaml"), None,
-                AuditOptions(runtime="reference"))
-    measured = time.perf_counter() - start
-    assert estimate / 5 < measured < estimate * 10, (estimate, measured)
+    modules = list(model.audited_modules())
+    gemms = sum(cost.expert_gemms(module) for module in modules)
+    assert gemms > 0  # grouped experts: weight0..weightN or one stacked weight
+    one = cost.estimate_seconds(modules, 1)
+    assert one == pytest.approx(len(modules) * cost.SECONDS_PER_MODULE
+                                + gemms * cost.SECONDS_PER_GROUPED_EXPERT)
+    assert cost.estimate_seconds(modules, 4, runs=3) == pytest.approx(12 * one)

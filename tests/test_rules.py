@@ -215,3 +215,23 @@ def test_qa090_reports_source_notes():
 def test_single_microbatch_tracked_module_is_overwrite_first_not_always(audit):
     report = audit(BASE + FP8, microbatches=1)
     assert {r.accumulation for r in report.modules if r.type != "ColumnParallelLinear"} == {"overwrite-first"}
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-mtp-fp8", "gpt-mtp-bf16", "gpt-mtp-fp8-mtp-bf16"])
+def test_qa001_fix_is_ordered_the_same_for_every_precision(repo_configs, name):
+    """The change to the run first, then the Megatron that fixes it (where one does), then the
+    workarounds that cost speed or memory."""
+    from qaudit.commands.check import audit_files
+    from qaudit.run.options import AuditOptions
+
+    report = audit_files(str(repo_configs / f"{name}.yaml"), None,
+                         AuditOptions(steps=1, microbatches=2))
+    fixes = {f.fix for f in report.findings if f.rule == "QA001"}
+    assert len(fixes) == 1
+    fix = fixes.pop()
+    assert fix.startswith("set mtp_use_repeated_layer: false")
+    costly = fix.index("at a cost, set ")
+    assert fix.index("gradient_accumulation_fusion: false") > costly
+    if "upgrade to" in fix:
+        assert fix.index("mtp_use_repeated_layer") < fix.index("upgrade to") < costly
+    assert ("upgrade to" in fix) == (name != "deepseek-v3-mtp-fp8")  # no Megatron fixes FP8

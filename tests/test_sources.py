@@ -296,7 +296,7 @@ def test_unmodelled_flag_becomes_a_qa090_warning(write):
     report = audit_files(path, None, FAST)
     warnings = {(f["rule"], f["line"], f["message"].split(":")[0])
                 for f in report.to_dict()["findings"] if f["severity"] == "warning"}
-    assert ("QA090", 2, "--overlap-grad-reduce") in warnings
+    assert not any(w[2] == "--overlap-grad-reduce" for w in warnings)  # read, no effect: QA091
     assert ("QA090", 4, "--my-custom-flag") in warnings
     assert not any(w[2].startswith(("--pipeline", "--cuda-graph", "--recompute")) for w in warnings)
     assert report.exit_code() == 0
@@ -490,3 +490,26 @@ def test_hybrid_and_t5_models_three_ways_give_identical_module_rows(write, texts
         rows.append(json.dumps(report.to_dict()["modules"], sort_keys=True))
     assert rows[0] == rows[1] == rows[2]
     assert expected_name in rows[0] and "fp8/tensorwise" in rows[0]
+
+
+@pytest.mark.parametrize("route", ["train.sh", "model_config.yaml"])
+def test_settings_shown_to_change_nothing_are_one_info_note_not_warnings(tmp_path, route):
+    """--overlap-grad-reduce, --overlap-param-gather and the inference scripts' generation
+    flags are read, shown to change nothing (docs/no-effect-settings.md) and listed once."""
+    from hostile_inputs import write_three_ways
+
+    write_three_ways(tmp_path, {}, "--overlap-grad-reduce --overlap-param-gather "
+                                   "--use-distributed-optimizer --temperature 1.0 --top_k 1 "
+                                   "--num-tokens-to-generate 30 --tp-comm-overlap")
+    report = audit_files(str(tmp_path / route), None, FAST)
+    findings = report.to_dict()["findings"]
+    warned = [f["message"].split(":")[0] for f in findings if f["rule"] == "QA090"]
+    assert warned == ["--tp-comm-overlap"]  # could change a verdict: still a warning
+    quiet = [f for f in findings if f["rule"] == "QA091"]
+    assert len(quiet) == 1 and quiet[0]["severity"] == "info"
+    listed = quiet[0]["message"].split(". ", 1)[0]
+    for flag in ("--overlap-grad-reduce", "--overlap-param-gather", "--temperature", "--top_k",
+                 "--num-tokens-to-generate"):
+        assert flag in listed
+    assert "docs/no-effect-settings.md" in quiet[0]["message"]
+    assert report.exit_code("warning") == 1  # the --tp-comm-overlap warning

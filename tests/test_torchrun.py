@@ -54,7 +54,7 @@ def torchrun(processes: int, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc-per-node={processes}", "-m", "qaudit", "check", *args,
                            "--runtime", "reference"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
 def one_process_then_torchrun(monkeypatch, capsys, config: str, processes: int

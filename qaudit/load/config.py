@@ -14,7 +14,7 @@ from qaudit.load.field_checks import (POSITIVE, Check, boolean, choice, int_at_l
                                      optional, string)
 from qaudit.load.known_fields import MODEL_PROVIDER_FIELDS, TRANSFORMER_CONFIG_FIELDS
 from qaudit.load.precision import FP4_RECIPES, FP8_FORMATS, FP8_RECIPES, Quant
-from qaudit.load.unmodelled import HYBRID_WITHOUT_PATTERN, note_for_setting
+from qaudit.load.unmodelled import HYBRID_WITHOUT_PATTERN, no_effect_reason, note_for_setting
 from qaudit.load.upstream_checks import check_upstream
 from qaudit.load.yamlio import YamlMap, did_you_mean, load_yaml, short_repr, type_name
 
@@ -232,12 +232,15 @@ class ModelConfig:
 
 @dataclass
 class SourceNote:
-    """Something the input said that the audit cannot model; becomes a warning finding."""
+    """Something the input said that the audit cannot model (a QA090 warning), or, with
+    `no_effect`, a setting read and shown to change nothing the audit reports (listed once by
+    QA091; the evidence is docs/no-effect-settings.md)."""
 
     message: str
     line: int | None = None
     key: str | None = None
     file: str | None = None  # when not the config's own file (a Bridge override)
+    no_effect: bool = False
 
 
 @dataclass
@@ -472,6 +475,11 @@ def setting_text(value: Any) -> str:
 
 
 def _note_setting(source: ConfigSource, key: str, value: Any, line: int | None) -> None:
+    quiet = no_effect_reason(key, value)
+    if quiet is not None:
+        source.notes.append(SourceNote(f"{key} {setting_text(value)}: {quiet}", line, key,
+                                       no_effect=True))
+        return
     why = note_for_setting(key, value)
     if why is None:
         return

@@ -90,9 +90,6 @@ UNMODELLED: dict[str, Unmodelled] = {
     "cuda_graph_modules": Unmodelled(_FULL_GRAPH, _full_iteration),
     "cuda_graph_scope": Unmodelled(_FULL_GRAPH, _full_iteration),
     # When and how gradients land.
-    "overlap_grad_reduce": Unmodelled(_OVERLAP),
-    "overlap_param_gather": Unmodelled(_OVERLAP),
-    "overlap_param_gather_with_optimizer_step": Unmodelled(_OVERLAP),
     "overlap_moe_expert_parallel_comm": Unmodelled(_OVERLAP_SCHEDULE),
     "overlap_dispatch_backward_with_experts_wgrad": Unmodelled(
         "expert weight gradients deferred behind the dispatch backward are not modelled"),
@@ -117,6 +114,41 @@ UNMODELLED: dict[str, Unmodelled] = {
     # Training loops other than pretraining.
     "perform_rl_step": Unmodelled("the RL training loop is not modelled"),
 }
+
+# Settings read and shown to change nothing the audit reports: listed once by QA091, never a
+# warning. Each reason is one clause; docs/no-effect-settings.md gives the upstream evidence.
+_REDUCE_AFTER_LAST_USE = ("the data-parallel reduce starts only once every parameter has "
+                          "reported as many grad-ready events as in the first step, on the "
+                          "last microbatch, so it sees the same main_grad")
+_GATHER_BEFORE_USE = ("each module's forward waits for its parameters' all-gather, so every "
+                      "call computes with the same weights")
+NO_EFFECT: dict[str, Unmodelled] = {
+    "overlap_grad_reduce": Unmodelled(_REDUCE_AFTER_LAST_USE),
+    "overlap_param_gather": Unmodelled(_GATHER_BEFORE_USE),
+    "overlap_param_gather_with_optimizer_step": Unmodelled(_GATHER_BEFORE_USE),
+}
+
+# Flags of Megatron's inference entry scripts (examples/inference/gpt/utils.py adds them to the
+# training parser): what to generate and how to report it, read by the generation loop after
+# the model is built. No module, precision or gradient depends on them.
+INFERENCE_ONLY_FLAGS = frozenset({
+    "--temperature", "--top_k", "--top_p", "--return-log-probs", "--num-tokens-to-generate",
+    "--prompts", "--prompt-file", "--prompt-file-num-truncate", "--output-path",
+    "--incoming-requests-per-sec", "--incoming-requests-per-step", "--inference-repeat-n",
+    "--termination-id", "--output-every-n-results", "--stop-words", "--no-record-throughput",
+    "--inference-ckpt-non-strict",
+})
+INFERENCE_ONLY_WHY = ("an inference entry script's generation setting, read after the model "
+                      "is built")
+
+
+def no_effect_reason(name: str, value: Any) -> str | None:
+    """Why setting `name` to `value` changes nothing the audit reports, or None."""
+    entry = NO_EFFECT.get(name)
+    if entry is None or not entry.on(value):
+        return None
+    return entry.why
+
 
 # A setting whose warning depends on another: is_hybrid_model without a layer pattern (the
 # flag route notes it in qaudit/families/hybrid/flags.py, the YAML route in qaudit/load/config.py).

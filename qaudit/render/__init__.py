@@ -26,22 +26,24 @@ MIN_WIDTH, MAX_WIDTH = 60, 240
 
 
 def render(report: Report, exit_code: int, fmt: str, *, expand: bool = False,
-           color: bool = False, width: int = 80) -> str:
+           color: bool = False, width: int = 80, show_info: bool = False) -> str:
     own: tuple[str, ...] = ()
     if color and fmt == "table":
         from qaudit.render.table import COLOR_SEQUENCES
 
         # Input text escaped before qaudit adds its colours, so that only those are kept.
         report, own = escaped_strings(report), COLOR_SEQUENCES
-    text = _render(report, exit_code, fmt, expand=expand, color=color, width=width)
+    text = _render(report, exit_code, fmt, expand=expand, color=color, width=width,
+                   show_info=show_info)
     return defuse(text, own_sequences=own, commands=fmt != "github")
 
 
 def _render(report: Report, exit_code: int, fmt: str, *, expand: bool,
-            color: bool, width: int) -> str:
+            color: bool, width: int, show_info: bool = False) -> str:
     if fmt == "table":
         from qaudit.render.table import render_table
-        return render_table(report, exit_code, width=width, color=color, expand=expand)
+        return render_table(report, exit_code, width=width, color=color, expand=expand,
+                            show_info=show_info)
     if fmt == "markdown":
         from qaudit.render.markdown import render_markdown
         return render_markdown(report, exit_code, expand=expand)
@@ -112,7 +114,7 @@ class Emission:
 
 
 def prepare(report: Report, exit_code: int, stdout_format: str, outputs: list[tuple[str, str]],
-            *, expand: bool = False, stream: TextIO | None = None,
+            *, expand: bool = False, show_info: bool = False, stream: TextIO | None = None,
             environ: Mapping[str, str] | None = None,
             markdown: Callable[[], str] | None = None,
             annotations: Callable[[], str] | None = None) -> Emission:
@@ -120,8 +122,9 @@ def prepare(report: Report, exit_code: int, stdout_format: str, outputs: list[tu
     environ = environ if environ is not None else os.environ
     color = stdout_format == "table" and use_color(stream, environ)
     main = render(report, exit_code, stdout_format, expand=expand, color=color,
-                  width=terminal_width(stream))
-    files = [(path, render(report, exit_code, fmt, expand=expand)) for fmt, path in outputs]
+                  width=terminal_width(stream), show_info=show_info)
+    files = [(path, render(report, exit_code, fmt, expand=expand, show_info=show_info))
+             for fmt, path in outputs]
     emission = Emission(main, files)
     if environ.get("GITHUB_ACTIONS") == "true":
         if stdout_format != "github":
@@ -160,9 +163,11 @@ def deliver(emission: Emission, stdout: TextIO | None = None, stderr: TextIO | N
 
 
 def emit(report: Report, exit_code: int, stdout_format: str, outputs: list[tuple[str, str]],
-         *, expand: bool = False, extra_files: list[tuple[str, str]] | None = None) -> None:
+         *, expand: bool = False, show_info: bool = False,
+         extra_files: list[tuple[str, str]] | None = None) -> None:
     """Render everything, then write the files (`extra_files`: (path, text) pairs such as a
     baseline), then stdout; GitHub Actions extras when GITHUB_ACTIONS=true."""
-    emission = prepare(report, exit_code, stdout_format, outputs, expand=expand)
+    emission = prepare(report, exit_code, stdout_format, outputs, expand=expand,
+                       show_info=show_info)
     emission.files.extend(extra_files or [])
     deliver(emission)

@@ -138,6 +138,156 @@ def collapse_names(names: Iterable[str]) -> list[str]:
     return out
 
 
+# --- collapsing by index ------------------------------------------------------------------
+# Modules that differ only in a number of their name (layer, expert, pipeline stage or chunk)
+# and behave identically share a row: `stage[0-15]/decoder.layers.[0-5].mlp.linear_fc1`,
+# `...local_experts.[0-255].linear_fc1`, a hybrid pattern's `decoder.layers.[0,2,5-7].mixer`.
+# A row's index sets always cover exactly its members, and only rows with the same signature
+# share one, so no behaviour is folded into another.
+
+def name_shape(name: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The text around a name's index numbers, and the numbers: `stage1/layers.3.fc1` ->
+    (("stage", "/layers.", ".fc1"), (1, 3)). An index is a whole dot component or the number
+    of `stage`/`chunk` in a pipelined name; `fc1`'s 1 and `0`-padded numbers are text."""
+    parts = re.split(r"(\d+)", name)
+    texts: list[str] = []
+    indices: list[int] = []
+    current = parts[0]
+    for k in range(1, len(parts), 2):
+        number, after = parts[k], parts[k + 1]
+        opens = current == "" or current.endswith((".", "/")) or re.search(
+            r"(?:^|[./])(?:stage|chunk)$", current) is not None
+        closes = after == "" or after[0] in "./"
+        if opens and closes and (number == "0" or not number.startswith("0")) \
+                and (current != "" or after != ""):
+            texts.append(current)
+            indices.append(int(number))
+            current = after
+        else:
+            current += number + after
+    texts.append(current)
+    return tuple(texts), tuple(indices)
+
+
+def index_set_text(values: Iterable[int]) -> str:
+    """`[0-2,5,7-9]`; one value alone as itself."""
+    ordered = sorted(set(values))
+    if len(ordered) == 1:
+        return str(ordered[0])
+    spans: list[str] = []
+    start = prev = ordered[0]
+    for value in ordered[1:] + [None]:
+        if value is not None and value == prev + 1:
+            prev = value
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if value is not None:
+            start = prev = value
+    return "[" + ",".join(spans) + "]"
+
+
+def _product_blocks(tuples: list[tuple[int, ...]]) -> list[list[list[int]]]:
+    """Split a set of index tuples into blocks, each the product of one set per position;
+    the blocks partition the tuples exactly. Outer values whose inner sets are equal share a
+    block; order is that of first appearance."""
+    if not tuples or not tuples[0]:
+        return [[]]
+    inner: dict[int, list[tuple[int, ...]]] = {}
+    for t in tuples:
+        inner.setdefault(t[0], []).append(t[1:])
+    by_rest: dict[frozenset, list[int]] = {}
+    rests: dict[frozenset, list[tuple[int, ...]]] = {}
+    for first, rest in inner.items():
+        key = frozenset(rest)
+        by_rest.setdefault(key, []).append(first)
+        rests.setdefault(key, rest)
+    blocks: list[list[list[int]]] = []
+    for key, firsts in by_rest.items():
+        for sub in _product_blocks(rests[key]):
+            blocks.append([firsts] + sub)
+    return blocks
+
+
+def _shape_name(texts: tuple[str, ...], sets: list[list[int]]) -> str:
+    out = texts[0]
+    for values, text in zip(sets, texts[1:]):
+        out += index_set_text(values) + text
+    return out
+
+
+def _collapsible_signature(row: Any, signature: Callable[[Any], Any]) -> Any:
+    """Stage and chunk are part of the behaviour unless the name already says them."""
+    stage = getattr(row, "stage", 0)
+    if stage or getattr(row, "chunk", 0):
+        named = row.name.startswith(f"stage{stage}/") or row.name.startswith(f"stage{stage}.")
+        if not named:
+            return (signature(row), stage, getattr(row, "chunk", 0))
+    return signature(row)
+
+
+def _signature_without_place(row: Any) -> tuple:
+    data = asdict(row) if hasattr(row, "__dataclass_fields__") else dict(vars(row))
+    return tuple(sorted((k, repr(v)) for k, v in data.items()
+                        if k not in _VARYING and k not in ("stage", "chunk")))
+
+
+def collapse_rows(rows: list[Any], expand: bool = False,
+                  signature: Callable[[Any], Any] | None = None) -> list[RowGroup]:
+    """One group per set of modules that behave alike and differ only in index numbers of
+    their names (layers, experts, hybrid pattern positions, pipeline stages and chunks).
+    Groups are ordered by their first module; `expand` keeps one group per module."""
+    if expand:
+        return [RowGroup(row.name, row, [row]) for row in rows]
+    signature = signature or _signature_without_place
+    buckets: dict[Any, list[tuple[int, tuple[int, ...], Any]]] = {}
+    for position, row in enumerate(rows):
+        texts, indices = name_shape(row.name)
+        key = (texts, _collapsible_signature(row, signature))
+        buckets.setdefault(key, []).append((position, indices, row))
+    placed: list[tuple[int, RowGroup]] = []
+    for (texts, _), members in buckets.items():
+        by_index = {indices: (position, row) for position, indices, row in members}
+        if len(by_index) < len(members):  # the same name twice: never merge those
+            placed.extend((position, RowGroup(row.name, row, [row]))
+                          for position, _, row in members)
+            continue
+        for sets in _product_blocks([indices for _, indices, _ in members]):
+            chosen = [by_index[t] for t in _tuples_of(sets)]
+            chosen.sort(key=lambda item: item[0])
+            group_rows_ = [row for _, row in chosen]
+            placed.append((chosen[0][0], RowGroup(_shape_name(texts, sets), group_rows_[0],
+                                                  group_rows_)))
+    placed.sort(key=lambda item: item[0])
+    return [group for _, group in placed]
+
+
+def _tuples_of(sets: list[list[int]]) -> list[tuple[int, ...]]:
+    import itertools
+
+    return list(itertools.product(*sets))
+
+
+def compress_names(names: Iterable[str]) -> list[str]:
+    """Names that differ only in index numbers, as few patterns as cover them exactly:
+    `x.layers.[1-2].experts.[0-7].fc1`; order of first appearance."""
+    buckets: dict[tuple[str, ...], list[tuple[int, tuple[int, ...]]]] = {}
+    seen: set[str] = set()
+    for position, name in enumerate(names):
+        if name in seen:
+            continue
+        seen.add(name)
+        texts, indices = name_shape(name)
+        buckets.setdefault(texts, []).append((position, indices))
+    placed: list[tuple[int, str]] = []
+    for texts, members in buckets.items():
+        first_at = {indices: position for position, indices in members}
+        for sets in _product_blocks([indices for _, indices in members]):
+            start = min(first_at[t] for t in _tuples_of(sets))
+            placed.append((start, _shape_name(texts, sets)))
+    placed.sort(key=lambda item: item[0])
+    return [name for _, name in placed]
+
+
 @dataclass
 class FindingGroup:
     """Findings that say the same thing about several modules (same rule, text, place, fix)."""

@@ -1,4 +1,6 @@
-"""Terminal table: header, modules (consecutive identical layers collapsed), findings, summary.
+"""Terminal table: header, the verdict (one entry per finding group, errors first), modules
+(modules that behave alike collapsed over their layer, expert, stage and chunk numbers), the
+findings in full, summary. Info notes are counted in the verdict and printed with `show_info`.
 
 Fits `width` columns (80 unless the terminal is wider): when a module's row does not fit on one
 line, its name and type go on one line and its behaviour on the next. Colour (ANSI) only when
@@ -11,11 +13,11 @@ import re
 import textwrap
 from typing import Callable
 
-from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_names, cross_check_line,
-                                  memory_line,
-                                  format_error, group_findings, group_rows, location,
-                                  megatron_text, policy_text, te_text, short_type, source_lines, summary_line,
-                                  suppressed_findings)
+from qaudit.judge.report import SEVERITIES
+from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_rows,
+                                  compress_names, cross_check_line, format_error, group_findings,
+                                  location, megatron_text, memory_line, policy_text, te_text,
+                                  short_type, source_lines, summary_line, suppressed_findings)
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
 
@@ -24,6 +26,7 @@ GAP = "  "
 INDENT = "  "
 MIN_RECIPE = 8
 MAX_TEXT_WIDTH = 100  # findings' prose wraps here even on wide terminals
+VERDICT_NAMES = 3  # at most this many module names in a verdict entry, then "+N more"
 
 _RESET = "\033[0m"
 _STYLES = {"bad": "\033[1;31m", "ok": "\033[32m", "warning": "\033[33m", "info": "\033[36m",
@@ -96,7 +99,7 @@ def split_name(name: str, width: int, indent: str = "    ") -> list[str]:
     if len(name) <= width:
         return [name]
     lines, current = [], ""
-    for part in re.findall(r"[^.]+\.?", name):
+    for part in re.findall(r"[^.,]+[.,]?", name):  # after dots, and commas of index lists
         limit = width - (len(indent) if lines else 0)
         if current and len(current) + len(part) > limit:
             lines.append(current)
@@ -182,7 +185,7 @@ def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
     lines = _wrap(lead + body, width, "", " " * 6)
     lines[0] = lines[0].replace(lead, f"{f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1)
     if len(group.modules) > 1:
-        names = collapse_names(group.modules)
+        names = compress_names(group.modules)
         pad = " " * 15
         for i, name in enumerate(names):
             # A name too long for the line breaks after a dot (MTP names reach 70 characters).
@@ -197,6 +200,84 @@ def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
     evidence = getattr(f, "evidence", None)
     if evidence:
         lines.extend(_wrap(f"evidence: {evidence}", width, " " * 6, " " * 16))
+    return lines
+
+
+def _by_severity(groups: list[FindingGroup]) -> list[FindingGroup]:
+    """Errors first, then warnings, then info; the report's order within each."""
+    return sorted(groups, key=lambda g: SEVERITIES.index(g.first.severity)
+                  if g.first.severity in SEVERITIES else len(SEVERITIES))
+
+
+def _entry_lines(prefix: str, names: list[str], width: int) -> list[str]:
+    """`prefix` and as many of the first names (at most VERDICT_NAMES) as fit on one line, then
+    how many more; a first name too long for the line is wrapped, never cut."""
+    for shown in range(min(VERDICT_NAMES, len(names)), 0, -1):
+        rest = len(names) - shown
+        line = prefix + ", ".join(names[:shown]) + (f", +{rest} more" if rest else "")
+        if len(line) <= width or shown == 1:
+            break
+    if len(line) <= width:
+        return [line]
+    return _wrap(line, width, "", " " * 8)
+
+
+def _verdict_entries(groups: list[FindingGroup]) -> list[tuple[FindingGroup, str, list[str]]]:
+    """(group, what, names) per verdict entry: a group of modules as one entry, and the
+    module-less findings of one rule with the same fix (QA090's settings) merged into one."""
+    entries: list[tuple[FindingGroup, str, list[str]]] = []
+    merged: dict[tuple, tuple[FindingGroup, str, list[str]]] = {}
+    for group in _by_severity(groups):
+        f = group.first
+        if group.modules:
+            count = len(group.modules)
+            entries.append((group, f"{count} module{'s' if count != 1 else ''}: ",
+                            compress_names(group.modules)))
+            continue
+        key = (f.rule, f.severity, f.fix)
+        subject = group.text.split(": ", 1)[0] if ": " in group.text else group.text
+        if key in merged and len(subject) <= 60:
+            merged[key][2].append(subject)
+            continue
+        entry = (group, "", [subject if len(subject) <= 60 else group.text.splitlines()[0]])
+        if len(subject) <= 60:
+            merged[key] = entry
+        entries.append(entry)
+    return entries
+
+
+def verdict_lines(groups: list[FindingGroup], summary: str, width: int, show_info: bool,
+                  paint=None) -> list[str]:
+    """The verdict before the table: the summary, then per finding group one line (rule,
+    severity, how many modules, the first names) and its fix; info notes counted."""
+    paint = paint or _painter(False)
+    lines = [f"verdict: {summary}"]
+    info = [g for g in groups if g.first.severity == "info"]
+    for group, what, names in _verdict_entries(groups):
+        f = group.first
+        if f.severity == "info" and not show_info:
+            continue
+        lead = f"  {f.rule} {f.severity}  "
+        if not what and len(names) > 1:
+            what = f"{len(names)} settings: "
+        elif not what:
+            names = [group.text.splitlines()[0] if group.text else ""]
+        if what or len(lead + names[0]) <= width:
+            entry = _entry_lines(lead + what, names, width)
+        else:
+            entry = [_truncate(lead + names[0], width)]
+        entry[0] = entry[0].replace(lead, f"  {f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1)
+        lines.extend(entry)
+        if f.fix:
+            lines.extend(_wrap(f"fix: {f.fix}", width, " " * 8, " " * 13))
+    if info and not show_info:
+        notes = sum(g.findings_count for g in info)
+        per_rule: dict[str, int] = {}
+        for g in info:
+            per_rule[g.first.rule] = per_rule.get(g.first.rule, 0) + g.findings_count
+        rules = ", ".join(f"{rule} x{n}" for rule, n in per_rule.items())
+        lines.extend(_wrap(f"{notes} info note(s) ({rules}): --show-info prints them", width,
+                           "  ", "    "))
     return lines
 
 
@@ -241,18 +322,23 @@ def _suggestion_lines(suggestions, width: int) -> list[str]:
 
 
 def render_table(report: Report, exit_code: int, *, width: int = DEFAULT_WIDTH,
-                 color: bool = False, expand: bool = False) -> str:
+                 color: bool = False, expand: bool = False, show_info: bool = False) -> str:
     paint = _painter(color)
+    text_width = min(width, MAX_TEXT_WIDTH)
+    groups = group_findings(report.findings, expand)
     lines = _header(report, width)
     lines.append("")
-    lines.extend(_module_lines(group_rows(report.modules, expand), width, paint))
+    lines.extend(verdict_lines(groups, summary_line(report, exit_code), text_width, show_info,
+                               paint))
+    lines.append("")
+    lines.extend(_module_lines(collapse_rows(report.modules, expand), width, paint))
     policies = getattr(report, "policies", None)
     if policies:
         lines.extend(_policy_lines(policies))
-    if report.findings:
+    detailed = [g for g in _by_severity(groups) if show_info or g.first.severity != "info"]
+    if detailed:
         lines.append("")
-    text_width = min(width, MAX_TEXT_WIDTH)
-    for group in group_findings(report.findings, expand):
+    for group in detailed:
         lines.extend(finding_lines(group, text_width, paint))
     suggestions = getattr(report, "suggestions", None)
     if suggestions:

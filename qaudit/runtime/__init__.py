@@ -25,7 +25,7 @@ def te_unavailable_reason(device: str | None = None) -> str:
     stand-in serves that TE release."""
     if not te_installed():
         return ("Transformer Engine is not installed (on a machine with an NVIDIA GPU and CUDA: "
-                "pip install \"qaudit[te]\"; without one, TE's pure-Python package runs on "
+                "pip install \"megatron-qaudit[te]\"; without one, TE's pure-Python package runs on "
                 "qaudit's CPU kernel stand-in; see docs/te-runtime.md)")
     if _uses_stand_in(device):
         from qaudit.runtime import te_cpu

@@ -67,7 +67,8 @@ def _derive(t: Translator, source: Occurrence, pattern: str) -> None:
     num_layers = t.last.get("--num-layers")
     if num_layers is not None and t.mapping.get("num_layers") != count:
         t.note(f"--num-layers {t.mapping.get('num_layers')}: ignored; Megatron takes the layer "
-               f"count from the pattern ({count})", num_layers.line, num_layers.flag)
+               f"count from the pattern ({count})", num_layers.line, num_layers.flag,
+               no_effect=True)
     t.set("num_layers", count, source.line, source.flag)
     mtp = t.last.get("--mtp-num-layers")
     if parsed.mtp_depths:

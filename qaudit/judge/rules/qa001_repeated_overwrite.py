@@ -31,24 +31,30 @@ def _cause(config: ModelConfig, module: str) -> tuple[str, str | None, int | Non
 
 def _fix(config: ModelConfig, module: str, policy: str, stale: bool, always: bool,
          high_precision: bool) -> str:
+    """The same order whatever the precision: the change to the run, then the Megatron that
+    fixes it (when one does), then the workarounds that cost speed or memory."""
     if always:
         return ("a module run several times per microbatch cannot use overwrite_main_grad: "
                 "keep its weight out of Megatron-FSDP's optim_grads sharding or untie the repeat")
-    if stale:
-        return ("use Megatron-LM main with PR #6965 (--megatron main: BF16 configs pass None "
-                "and accumulate), or set gradient_accumulation_fusion: false")
     options = []
     if module.startswith("mtp.") and config.mtp_use_repeated_layer:
-        options.append("mtp_use_repeated_layer: false (one MTP layer per depth)")
+        options.append("set mtp_use_repeated_layer: false (one MTP layer per depth)")
     if module == "output_layer":
-        options.append("fp8_output_proj: false (Megatron's own output layer always accumulates)")
-    if high_precision and policy != "module":
-        options.append("PR #7353 (--policy module): this module runs high precision, so it "
-                       "would get None and accumulate")
-    options.append("disable_parameter_transpose_cache: true (always None: no weight cache, "
-                   "always accumulate)")
-    options.append("gradient_accumulation_fusion: false")
-    return "set " + "; or ".join(options)
+        options.append("set fp8_output_proj: false (Megatron's own output layer always "
+                       "accumulates)")
+    if stale:
+        options.append("upgrade to Megatron-LM main with PR #6965 (check with --megatron main: "
+                       "BF16 configs pass None and accumulate)")
+    elif high_precision and policy != "module":
+        options.append("upgrade to a Megatron with PR #7353 (check with --policy module: this "
+                       "module runs high precision, so it would get None and accumulate)")
+    costly = []
+    if not stale:
+        costly.append("disable_parameter_transpose_cache: true (always None: no weight cache, "
+                      "every call re-quantizes)")
+    costly.append("gradient_accumulation_fusion: false (unfused weight-gradient accumulation)")
+    options.append("at a cost, set " + "; or ".join(costly))
+    return "; or ".join(options)
 
 
 def _when(lossy: list[CallRecord], steps: int) -> str:
@@ -75,8 +81,11 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     repeated MTP layer the first depth gets True and, since depth 2 consumes depth 1, its
     backward runs last. `overwrite_main_grad` (Megatron-FSDP) overwrites on every backward.
 
-    Fixes: run the module once per microbatch (no repeated MTP layer, Megatron's own output
-    layer), pass None (`disable_parameter_transpose_cache`), or turn fused accumulation off.
+    Fixes, in this order for every precision: change the run so the module runs once per
+    microbatch (no repeated MTP layer, Megatron's own output layer); use a Megatron that passes
+    None to it, where one exists (PR #6965 for BF16 configs, PR #7353 for high-precision
+    modules); at a cost, pass None (`disable_parameter_transpose_cache`) or turn fused
+    accumulation off.
     """
     steps = max((r.step for records in facts.records.values() for r in records), default=0) + 1
     rows = {row.name: row for row in facts.rows}

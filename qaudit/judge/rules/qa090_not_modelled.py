@@ -14,9 +14,12 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     it, so its result may not hold for the real run. The message names the setting as it was
     written and says what TE or Megatron does differently; a YAML field, a MODEL_ARGS key and
     a launch-script flag for the same setting get the same reason (one table:
-    qaudit/load/unmodelled.py).
+    qaudit/load/unmodelled.py). Settings shown to change nothing the audit reports are not
+    warned about: QA091 lists them once.
     """
     source = facts.config.source
     for note in (source.notes if source else []):
+        if note.no_effect:
+            continue  # QA091 lists those
         yield Hit(message=note.message, file=note.file or facts.config.file, line=note.line,
                   fix="check the audit's result by hand for this setting, or drop the setting")

@@ -21,7 +21,9 @@ from qaudit.load.sources.modelopt_flags import apply_modelopt, known_modelopt_fl
 from qaudit.load.sources.megatron_flags import to_int
 from qaudit.load.sources.tokens import External
 from qaudit.load.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
-from qaudit.load.unmodelled import UNMODELLED, field_of_dest, note_for_setting
+from qaudit.load.unmodelled import (INFERENCE_ONLY_FLAGS, INFERENCE_ONLY_WHY, NO_EFFECT,
+                                    UNMODELLED, field_of_dest, no_effect_reason,
+                                    note_for_setting)
 from qaudit.load.yamlio import YamlMap, short_repr
 
 REQUIRED_FLAGS = ("--num-layers", "--hidden-size", "--num-attention-heads")
@@ -74,8 +76,9 @@ class Translator:
         self.mapping.key_lines[field] = line
         self.flag_of[field] = flag
 
-    def note(self, message: str, line: int | None, key: str | None) -> None:
-        self.notes.append(SourceNote(message, line, key))
+    def note(self, message: str, line: int | None, key: str | None,
+             no_effect: bool = False) -> None:
+        self.notes.append(SourceNote(message, line, key, no_effect=no_effect))
 
     def needed(self, occurrence: Occurrence) -> list[str]:
         """The occurrence's values, all known; otherwise an InputError (the audit needs them)."""
@@ -144,6 +147,8 @@ class Translator:
                 return
             shown = f"{flag} {short_repr(' '.join(texts), 40)[1:-1]}".rstrip()
             self.note(f"{shown}: {note.why}", occurrence.line, flag)
+        elif flag in INFERENCE_ONLY_FLAGS and flag not in UPSTREAM_FLAGS:
+            self.note(f"{flag}: {INFERENCE_ONLY_WHY}", occurrence.line, flag, no_effect=True)
         elif flag not in UPSTREAM_FLAGS and flag not in self.modelled \
                 and not known_modelopt_flag(flag):
             self.note(f"{flag}: not an option of Megatron-LM's training parser (commit "
@@ -158,9 +163,17 @@ class Translator:
             return False
         dest, kind = UPSTREAM_FLAGS[flag]
         name = field_of_dest(dest)
+        texts = [v.text if v.known else "<unknown>" for v in occurrence.values]
+        if name in NO_EFFECT:
+            known = all(v.known for v in occurrence.values) and not occurrence.word.condition
+            # Unknown or conditional values: whatever they are, the setting changes nothing.
+            quiet = no_effect_reason(name, flag_value(kind, texts)) if known else NO_EFFECT[name].why
+            if quiet is not None:
+                shown = f"{flag} {short_repr(' '.join(texts), 40)[1:-1]}".rstrip()
+                self.note(f"{shown}: {quiet}", occurrence.line, flag, no_effect=True)
+            return True
         if name not in UNMODELLED:
             return False
-        texts = [v.text if v.known else "<unknown>" for v in occurrence.values]
         known = all(v.known for v in occurrence.values) and not occurrence.word.condition
         why = UNMODELLED[name].why
         if known:

