@@ -49,8 +49,8 @@ import torch
 from qaudit.runtime import reference
 from qaudit.errors import EnvironmentProblem
 from qaudit.load.precision import Quant
-from qaudit.runtime.wgrad import (WgradRule, documented_rule, measure_wgrad_rule,
-                                  observe_wgrad, rule_differences)
+from qaudit.runtime.wgrad import (BeforeBackward, WgradRule, documented_rule,
+                                  measure_wgrad_rule, observe_wgrad, rule_differences)
 
 PARAMS_DTYPE = torch.float32
 _POSED = "10.0"
@@ -284,22 +284,6 @@ def _weights_of(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for name, p in module.named_parameters() if name.startswith("weight")]
 
 
-class _WgradGemmProbe(torch.autograd.Function):
-    """Identity on a TE module's output. Its backward runs just before the module's own and
-    arms the stand-in to report the `accumulate` flag of the GEMM that next writes one of
-    the module's `main_grad` buffers: TE's own wgrad decision, taken by TE's Python."""
-
-    @staticmethod
-    def forward(ctx, out: torch.Tensor, arm: Callable[[], None]) -> torch.Tensor:
-        ctx.arm = arm
-        return out.view_as(out)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        ctx.arm()
-        return grad, None
-
-
 def _observe_wgrad_gemm(out: torch.Tensor, listener: Callable[[str], None],
                         module: torch.nn.Module, kernels: Any) -> torch.Tensor:
     if not torch.is_grad_enabled() or not out.requires_grad:
@@ -318,7 +302,9 @@ def _observe_wgrad_gemm(out: torch.Tensor, listener: Callable[[str], None],
             kernels.expect_write(buffers, lambda accumulate: listener(
                 "accumulate" if accumulate else "overwrite"))
 
-    return _WgradGemmProbe.apply(out, arm)
+    # Runs just before the module's own backward: the next GEMM writing one of its main_grad
+    # buffers is TE's own wgrad decision, taken by TE's Python.
+    return BeforeBackward.apply(out, arm)
 
 
 _CLASSES: dict[tuple[type, ...], dict[str, type]] = {}

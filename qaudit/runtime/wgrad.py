@@ -124,8 +124,9 @@ def measure_wgrad_rule(make: Callable[[bool], torch.nn.Module],
     return rule
 
 
-class _WgradProbe(torch.autograd.Function):
-    """Identity on a module's output; its backward reports just before the module's own."""
+class BeforeBackward(torch.autograd.Function):
+    """Identity on a module's output; its backward calls back just before the module's own
+    (the reference runtime reports its decision there, the te runtime arms its GEMM probe)."""
 
     @staticmethod
     def forward(ctx, out: torch.Tensor, report: Callable[[], None]) -> torch.Tensor:
@@ -147,4 +148,4 @@ def observe_wgrad(out: torch.Tensor, listener: Callable[[str], None] | None,
     """
     if listener is None or not torch.is_grad_enabled() or not out.requires_grad:
         return out
-    return _WgradProbe.apply(out, lambda: listener(decision))
+    return BeforeBackward.apply(out, lambda: listener(decision))
