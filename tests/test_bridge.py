@@ -460,6 +460,18 @@ def test_named_settings_are_warned_where_bridge_keeps_them(tmp_path):
     assert config.use_megatron_fsdp and config.overwrites_main_grad
 
 
+def test_overlap_switches_are_read_with_no_effect_as_on_the_other_routes(tmp_path):
+    """ddp.overlap_grad_reduce / overlap_param_gather and the optimizer's gather-with-step
+    change nothing the audit reports (docs/no-effect-settings.md): one QA091 note each, never
+    a QA090 warning, as for --overlap-grad-reduce in a launch script."""
+    path = write_dump(tmp_path, ddp={"overlap_grad_reduce": True, "overlap_param_gather": True},
+                      optimizer={"overlap_param_gather_with_optimizer_step": True})
+    config, _ = load_files(path)
+    notes = {note.key: note.no_effect for note in config.source.notes}
+    assert notes == {"ddp.overlap_grad_reduce": True, "ddp.overlap_param_gather": True,
+                     "optimizer.overlap_param_gather_with_optimizer_step": True}
+
+
 def test_the_python_api_defaults_to_the_reference_runtime(monkeypatch):
     """audit() must not boot TE's CPU stand-in (which poses torch as a CUDA build for the rest
     of the caller's process) unless asked: its runtime defaults to the reference."""

@@ -169,3 +169,14 @@ def test_cross_check_of_a_bridge_gpt_dump(megatron, forget_megatron, monkeypatch
                              "--cross-check")
     assert report["cross_check"]["differences"] == [] and code == 0
     assert report["cross_check"]["modules_compared"] > 0
+
+
+@pytest.mark.parametrize("name", ["gemma3_1b_pretrain_1gpu_h100_bf16_config",
+                                  "olmoe_7b_pretrain_config"])
+def test_cross_check_of_the_gpt_provider_dumps(name, megatron, forget_megatron, monkeypatch,
+                                               capsys):
+    """Gemma3 (a (local, global) RoPE base pair) and OLMoE (MoE): the installed Megatron builds
+    and trains the same modules as qaudit's model of the dump."""
+    code, report = report_of(monkeypatch, capsys, str(DUMPS / f"{name}.yaml"), "--cross-check")
+    assert report["cross_check"]["differences"] == [] and code == 0
+    assert report["cross_check"]["modules_compared"] > 0

@@ -128,6 +128,11 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
         "share_embeddings_and_output_weights": config.share_embeddings_and_output_weights,
     }
     model_kwargs.update({key: written[key] for key in GPT_MODEL_ARGS if key in written})
+    if bridge and isinstance(model_kwargs.get("rotary_base"), (list, tuple)):
+        # Gemma3's provider keeps a (local, global) pair of RoPE bases for its own layer spec;
+        # upstream's GPTModel takes one number, and no TE module depends on it: the last
+        # (global) one stands in.
+        model_kwargs["rotary_base"] = model_kwargs["rotary_base"][-1]
     return UpstreamInput(mla=mla, config_kwargs=kwargs, model_kwargs=model_kwargs,
                          recipe_path=recipe_file, unknown_fields=unknown,
                          layer_spec=config.layer_spec,

@@ -118,6 +118,9 @@ def _config(flat: Flat, path: Path, display: str) -> tuple[ModelConfig, QuantRec
                           alternatives=dict(info.alternatives))
     for message, (file, line), key in flat.notes:
         source.notes.append(SourceNote(message, line, key, None if file == display else file))
+    for message, (file, line), key in flat.no_effect:
+        source.notes.append(SourceNote(message, line, key, None if file == display else file,
+                                       no_effect=True))
     try:
         config = config_from_mapping(flat.mapping, source)
     except InputError as exc:

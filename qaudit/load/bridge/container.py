@@ -19,6 +19,7 @@ from qaudit.load.bridge import mixed_precision as mp
 from qaudit.load.bridge import sections
 from qaudit.load.bridge.nodes import is_reference, plain, short_name, target_of
 from qaudit.load.config import MODELLED_FIELDS
+from qaudit.load.unmodelled import no_effect_reason
 from qaudit.load.bridge.provider import Provider, classify
 from qaudit.load.yamlio import YamlMap, short_repr, type_name
 
@@ -71,6 +72,8 @@ class Flat:
     mapping: YamlMap
     origins: dict[str, Where]
     notes: list[tuple[str, Where, str]]  # (message, where, key)
+    # Settings read and shown to change nothing (qaudit/load/unmodelled.py NO_EFFECT): QA091.
+    no_effect: list[tuple[str, Where, str]] = field(default_factory=list)
     recipe_node: Any = None
     recipe_where: Where | None = None
     info: BridgeFile | None = None
@@ -283,10 +286,14 @@ def _apply_parallel_sections(document: YamlMap, flat: Flat, put, where) -> None:
             flat.notes.append((f"ddp.{key} {short_repr(ddp_values[key])}: {why}",
                                ddp_where[key], f"ddp.{key}"))
     optimizer = sections.section(document, "optimizer")
-    for key, why in sections.NAMED_OPTIMIZER.items():
-        if optimizer is not None and sections.is_on(optimizer.get(key)):
-            flat.notes.append((f"optimizer.{key} {short_repr(optimizer[key])}: {why}",
-                               where(f"optimizer.{key}", optimizer, key), f"optimizer.{key}"))
+    # The same settings, the same "read, no effect" note as the launch-script and YAML routes.
+    read = [(f"ddp.{key}", value, ddp_where[key]) for key, value in ddp_values.items()]
+    read += [(f"optimizer.{key}", value, where(f"optimizer.{key}", optimizer, key))
+             for key, value in (optimizer or {}).items() if isinstance(key, str)]
+    for name, value, at in read:
+        quiet = no_effect_reason(name.split(".", 1)[1], value)
+        if quiet is not None:
+            flat.no_effect.append((f"{name} {short_repr(value)}: {quiet}", at, name))
     for name, why in sections.NAMED_SECTIONS.items():
         if document.get(name) is not None:
             flat.notes.append((f"{name} is set: {why}", where(name, document, name), name))

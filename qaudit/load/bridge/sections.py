@@ -28,20 +28,14 @@ SKIPPED_SECTIONS = frozenset({
     "data", "dist_train", "perf_matrix",
 })
 
-# DDP / dist keys named in QA090 when on: (section, key) -> why.
-_OVERLAP = ("communication overlap changes when and in which order gradients are reduced and "
-            "weights gathered; not modelled")
+# DDP / dist keys named in QA090 when on: (section, key) -> why. The overlap switches are
+# read and shown to change nothing (qaudit/load/unmodelled.py NO_EFFECT, QA091).
 NAMED_DDP = {
-    "overlap_grad_reduce": _OVERLAP,
-    "overlap_param_gather": _OVERLAP,
     "reuse_grad_buf_for_mxfp8_param_ag": (
         "the MXFP8 parameter all-gather reuses the gradient buffer between steps; not modelled"),
     "keep_fp8_transpose_cache": "FSDP's FP8 transpose cache is not modelled",
     "delay_wgrad_compute": ("DDP's delayed weight-gradient hooks are not modelled (the model's "
                             "delay_wgrad_compute is)"),
-}
-NAMED_OPTIMIZER = {
-    "overlap_param_gather_with_optimizer_step": _OVERLAP,
 }
 # Whole sections whose presence changes the modules or their gradients.
 NAMED_SECTIONS = {
