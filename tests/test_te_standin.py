@@ -74,6 +74,24 @@ def test_two_pending_backwards_of_one_weight_report_in_order():
     assert seen == [("first", False), ("second", True)]
 
 
+@pytest.mark.parametrize("odd", ["loop", "fifo"])
+def test_the_stand_in_reads_te_s_version_through_the_bounded_reader(tmp_path, monkeypatch, odd):
+    """A METADATA that is a symlink loop or a FIFO (a PYTHONPATH holding a PR's tree) is no
+    version: never an OSError (exit 3) or a hang, as for --te auto (fuzz case version_env)."""
+    from qaudit.runtime import te_cpu
+
+    (tmp_path / "transformer_engine").mkdir()
+    (tmp_path / "transformer_engine" / "__init__.py").write_text("")
+    info = tmp_path / "transformer_engine-2.8.0.dist-info"
+    info.mkdir()
+    if odd == "loop":
+        (info / "METADATA").symlink_to(info / "METADATA")
+    else:
+        os.mkfifo(info / "METADATA")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert te_cpu.te_version() is None
+
+
 def test_supported_releases():
     assert unsupported_reason("2.8.0") == ""
     assert unsupported_reason("2.20.2") == ""

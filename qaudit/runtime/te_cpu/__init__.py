@@ -20,9 +20,9 @@ import os
 import re
 import sys
 import types
-from importlib import metadata
 from pathlib import Path
 
+from qaudit.plan.upstream.te import locate_te
 from qaudit.runtime.te_cpu import host
 
 STAND_IN = "qaudit CPU kernel stand-in"
@@ -35,14 +35,13 @@ _booted: str | None = None
 
 
 def te_version() -> str | None:
-    """The importable TE's version from its distribution metadata, without importing it."""
-    spec = importlib.util.find_spec("transformer_engine")
-    if spec is None:
+    """The importable TE's version from its distribution metadata, without importing it.
+    Read by plan/upstream's bounded reader, as --te auto reads it: a METADATA that is a FIFO,
+    a device or a symlink loop is no version, never a hang or a crash."""
+    if importlib.util.find_spec("transformer_engine") is None:
         return None
-    try:
-        return metadata.version("transformer_engine")
-    except metadata.PackageNotFoundError:
-        return None
+    found = locate_te()
+    return None if found is None else found[1]
 
 
 def _release(version: str) -> tuple[int, int] | None:
