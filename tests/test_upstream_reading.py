@@ -489,7 +489,8 @@ def test_auto_without_megatron_assumes_the_pin_the_config_source_names(tmp_path)
     megatron = report.megatron
     assert (megatron["source"], megatron["version"], megatron["commit"]) == \
         ("assumed", "bridge-v0.6.0", COMMIT)
-    assert megatron["note"].startswith("Megatron-Bridge v0.6.0's pinned Megatron-LM cd4afffa64")
+    assert megatron["label"].startswith("Megatron-LM cd4afffa64 (Megatron-Bridge v0.6.0's pin)")
+    assert megatron["note"].startswith("the config's writer pins it")
     assert any(f.rule == "QA001" for f in report.findings)  # legacy: the BF16 repeated MTP fails
     # Named or importable, the Megatron is the one audited; the pin is only auto's fallback.
     assert audit_inputs(config, recipe, AuditOptions(steps=1, megatron="main")).megatron[

@@ -136,8 +136,7 @@ def _assumed(assumed: str | None, why: str, newest_why: str) -> MegatronTarget:
     if known is None:
         return newest_release(f"{newest_why}; {CHOOSE_HINT}")
     return _commit_target("assumed", known, note=(
-        f"{known.described} {known.short}, which the config's writer pins ({why}); "
-        f"{CHOOSE_HINT}"))
+        f"the config's writer pins it ({why}); {CHOOSE_HINT}"))
 
 
 def _differences(location: MegatronLocation, behaviour: MegatronBehaviour) -> str | None:
