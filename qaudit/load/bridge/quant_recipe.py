@@ -35,12 +35,8 @@ def recipe_from_node(node: Any, file: str, line: int | None) -> QuantRecipe:
                    f"and config_dict), got {type_name(node)} {short_repr(node)}", line,
                    "model.quant_recipe")
     notes: list[RecipeNote] = []
-    for key in node:
-        if key not in _RECIPE_KEYS:
-            notes.append(RecipeNote("QA019", f"RecipeConfig: unknown field {short_repr(str(key))}"
-                                    f"{did_you_mean(str(key), _RECIPE_KEYS)}; Megatron's "
-                                    "recipe matching does not read it", node.line_of(key),
-                                    "remove it, or fix its name"))
+    notes.extend(_unknown_fields(node, _RECIPE_KEYS, "RecipeConfig",
+                                 "Megatron's recipe matching does not read it"))
     configs = node.get("config_dict")
     if configs is None:
         configs = YamlMap(line=node.line_of("config_dict"))
@@ -69,12 +65,7 @@ def recipe_from_node(node: Any, file: str, line: int | None) -> QuantRecipe:
             raise fail(f"matcher class {short_repr(target_of(item))} is not supported: "
                        "Megatron's recipe matching has GlobMatcher only", item.line_of("_target_"),
                        f"model.quant_recipe.{name}._target_")
-        for key in item:
-            if key not in _MATCHER_KEYS:
-                notes.append(RecipeNote("QA019", f"{name}: unknown field {short_repr(str(key))}"
-                                        f"{did_you_mean(str(key), _MATCHER_KEYS)}; Megatron "
-                                        "ignores it", item.line_of(key),
-                                        "remove it, or fix its name"))
+        notes.extend(_unknown_fields(item, _MATCHER_KEYS, name, "Megatron ignores it"))
         body = YamlMap(line=at)
         for ours, theirs in (("type", None), ("pattern", "pattern"), ("config", "config_key"),
                              ("enabled", None)):
@@ -89,3 +80,10 @@ def recipe_from_node(node: Any, file: str, line: int | None) -> QuantRecipe:
     document["matchers"] = table
     document.key_lines["matchers"] = node.line_of("matchers")
     return recipe_from_document(document, file, notes=notes)
+
+
+def _unknown_fields(node: YamlMap, known, owner: str, consequence: str) -> list[RecipeNote]:
+    """A QA019 note for each key of `node` that Megatron's RecipeConfig / GlobMatcher lacks."""
+    return [RecipeNote("QA019", f"{owner}: unknown field {short_repr(str(key))}"
+                       f"{did_you_mean(str(key), known)}; {consequence}", node.line_of(key),
+                       "remove it, or fix its name") for key in node if key not in known]
