@@ -16,7 +16,7 @@ from qaudit.errors import InputError
 from qaudit.load.precision import Quant
 from qaudit.runtime.reference import GroupedLinear, Linear, autocast, graph_replay
 from qaudit.run.train import attach_grad_buffers, run_backward_dw
-from qaudit.plan.upstream.te import locate_te, te_behaviour
+from qaudit.plan.upstream.te import locate_te, te_behaviour, te_version_key
 
 from cli_helpers import run_in_process
 
@@ -170,6 +170,40 @@ def test_overwrite_main_grad_is_ignored_before_te_2_9(version, reads):
     module.wgrad_listener = decisions.append
     module(torch.randn(3, 8), is_first_microbatch=False).sum().backward()
     assert decisions == ["overwrite" if reads else "accumulate"]
+
+
+@pytest.mark.parametrize("version", ["2.8.0", "2.9.0", "2.14.1", "2.15.0", "2.20.2"])
+@pytest.mark.parametrize("kind", ["linear", "layernorm_linear", "grouped_linear"])
+@pytest.mark.parametrize("quant, primary", [(None, False), (FP8, False), (FP8, True),
+                                            (Quant("fp8", "mxfp8"), False)])
+def test_overwrite_main_grad_per_release_module_kind_and_weight_copy(version, kind, quant,
+                                                                     primary):
+    """TE 2.9-2.14.1's LayerNormLinear and GroupedLinear read overwrite_main_grad in backward
+    from the tensor their GEMM used (a quantized copy under FP8: no attribute, so the flag
+    decides); their Linear, and every module from 2.15, read the parameter; 2.8 ignores it.
+    A weight stored quantized (primary) is the GEMM's tensor itself, so it keeps it."""
+    from qaudit.runtime.reference import ReferenceRuntime
+
+    behaviour = te_behaviour(version)
+    runtime = ReferenceRuntime("cpu", behaviour.reads_overwrite_main_grad,
+                               overwrite_read_from_gemm_weight=(
+                                   behaviour.overwrite_read_from_gemm_weight))
+    module = (runtime.grouped_linear(2, 8, 8, fuse=True) if kind == "grouped_linear"
+              else getattr(runtime, kind)(8, 8, fuse=True))
+    module.primary_quantized_weight = primary
+    module.weight.main_grad = torch.zeros_like(module.weight)
+    module.weight.overwrite_main_grad = True
+    decisions = []
+    module.wgrad_listener = decisions.append
+    x = torch.randn(4, 8)
+    with autocast(quant):
+        out = module(x, [2, 2], is_first_microbatch=False) if kind == "grouped_linear" \
+            else module(x, is_first_microbatch=False)
+    out.sum().backward()
+    key = te_version_key(version)
+    hidden = (2, 9) <= key < (2, 15) and kind != "linear" and quant is not None and not primary
+    seen = key >= (2, 9) and not hidden
+    assert decisions == ["overwrite" if seen else "accumulate"]
 
 
 # --- the TE version audited for -------------------------------------------------------------

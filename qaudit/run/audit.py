@@ -224,7 +224,8 @@ def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget,
                          file=config.file, line=config.line_of(key), key=key)
     runtime = select_runtime(name, options.device,
                              reads_overwrite_main_grad=te.behaviour.reads_overwrite_main_grad,
-                             fallback_note=note)
+                             fallback_note=note, overwrite_read_from_gemm_weight=(
+                                 te.behaviour.overwrite_read_from_gemm_weight))
     if isinstance(runtime, ReferenceRuntime):
         # Values matter only where they are compared (--verify); fake quantization is most
         # of the reference runtime's own work, and no row or verdict depends on it.
@@ -306,7 +307,8 @@ def _full_size_runtime(options: AuditOptions, te: TETarget):
         raise InputError("--verify compares gradient values, and --full-size runs on the meta "
                          "device, which has none: use one or the other")
     _skip_failing_numpy_import()
-    return ReferenceRuntime("meta", te.behaviour.reads_overwrite_main_grad, numerics=False)
+    return ReferenceRuntime("meta", te.behaviour.reads_overwrite_main_grad, numerics=False,
+                            overwrite_read_from_gemm_weight=te.behaviour.overwrite_read_from_gemm_weight)
 
 
 def _skip_failing_numpy_import() -> None:

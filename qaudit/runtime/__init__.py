@@ -6,6 +6,7 @@ chosen)."""
 from __future__ import annotations
 
 import importlib.util
+from typing import Collection
 
 from qaudit.errors import EnvironmentProblem, InputError
 from qaudit.runtime.reference import ReferenceRuntime
@@ -58,7 +59,7 @@ def _uses_stand_in(device: str | None) -> bool:
 
 
 def select_runtime(name: str, device: str | None = None, reads_overwrite_main_grad: bool = True,
-                   fallback_note: str = ""):
+                   fallback_note: str = "", overwrite_read_from_gemm_weight: Collection[str] = ()):
     """The runtime `name` on `device` (None: te on CUDA, or on the CPU stand-in).
 
     `auto` is te when Transformer Engine's Python imports (on CUDA, or on the CPU stand-in for
@@ -99,7 +100,8 @@ def select_runtime(name: str, device: str | None = None, reads_overwrite_main_gr
         if not torch.cuda.is_available():
             raise EnvironmentProblem("--device cuda: no CUDA device is visible to torch "
                                      f"{torch.__version__} (CUDA build {torch.version.cuda or 'none'})")
-    runtime = ReferenceRuntime(device or "cpu", reads_overwrite_main_grad)
+    runtime = ReferenceRuntime(device or "cpu", reads_overwrite_main_grad,
+                               overwrite_read_from_gemm_weight=overwrite_read_from_gemm_weight)
     if fallback_note and te_installed():
         runtime.note = fallback_note
     return runtime

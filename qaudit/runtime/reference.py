@@ -14,7 +14,8 @@ An executable specification of docs/semantics.md §1, not a mock:
   gradients queue each backward's GEMM, decision frozen, for `backward_dw()`; inside a CUDA
   graph with TE's skip flag the module sees `is_first_microbatch=False` and the workspace
   refresh follows the flag (`graph_replay`); `overwrite_main_grad` only where the TE version
-  reads it.
+  reads it, and not where that version's module reads it from a quantized copy of the weight
+  (`LayerNormLinear`, `GroupedLinear` in TE 2.9 to 2.14: qaudit/plan/upstream/te.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Collection, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -205,6 +206,9 @@ class _ReferenceModule(torch.nn.Module):
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         # TE before v2.9 has no overwrite_main_grad (qaudit/plan/upstream/te.py).
         self.reads_overwrite_main_grad = reads_overwrite_main_grad
+        # TE 2.9-2.14's LayerNormLinear and GroupedLinear read the attribute from the tensor
+        # their GEMM used: a quantized copy lacks it (qaudit/plan/upstream/te.py).
+        self.overwrite_read_from_gemm_weight = False
         # The parameter is stored quantized (fp8_param / quantized_model_init): no workspace.
         self.primary_quantized_weight = False
         self.wgrad_store: WeightGradStore | None = None
@@ -283,6 +287,9 @@ class _ReferenceModule(torch.nn.Module):
         weight = self.weight
         overwrite = self.reads_overwrite_main_grad and bool(getattr(weight, "overwrite_main_grad",
                                                                      False))
+        if self.overwrite_read_from_gemm_weight and quant is not None \
+                and not self.primary_quantized_weight:
+            overwrite = False
         meta = {
             "quant": quant,
             "m_splits": list(m_splits) if m_splits is not None else None,
@@ -368,15 +375,18 @@ class ReferenceRuntime:
     """The runtime seam (docs/design.md): module factories plus the autocast state.
 
     `reads_overwrite_main_grad`: whether the TE version audited for has `overwrite_main_grad`
-    (v2.9+, qaudit/plan/upstream/te.py)."""
+    (v2.9+, qaudit/plan/upstream/te.py); `overwrite_read_from_gemm_weight`: the module kinds
+    whose backward reads it from the GEMM's (possibly quantized) weight in that version."""
 
     name = "reference"
     note = ""  # why an installed Transformer Engine was not used (--runtime auto)
 
     def __init__(self, device: str = "cpu", reads_overwrite_main_grad: bool = True,
-                 numerics: bool = True) -> None:
+                 numerics: bool = True,
+                 overwrite_read_from_gemm_weight: Collection[str] = ()) -> None:
         self.device = device
         self.reads_overwrite_main_grad = reads_overwrite_main_grad
+        self.overwrite_read_from_gemm_weight = frozenset(overwrite_read_from_gemm_weight)
         self.numerics = numerics  # fake quantization (values); off, only the semantics
 
     @property
@@ -384,22 +394,24 @@ class ReferenceRuntime:
         note = f"; {self.note}" if self.note else ""
         return f"reference ({self.device.upper()}{note})"
 
-    def _configured(self, module: _ReferenceModule) -> _ReferenceModule:
+    def _configured(self, module: _ReferenceModule, kind: str) -> _ReferenceModule:
         module.reads_overwrite_main_grad = self.reads_overwrite_main_grad
+        module.overwrite_read_from_gemm_weight = kind in self.overwrite_read_from_gemm_weight
         module.numerics = self.numerics
         return module
 
     def linear(self, in_features: int, out_features: int, *, fuse: bool) -> torch.nn.Module:
-        return self._configured(Linear(in_features, out_features, fuse_wgrad_accumulation=fuse))
+        return self._configured(Linear(in_features, out_features, fuse_wgrad_accumulation=fuse),
+                                "linear")
 
     def layernorm_linear(self, in_features: int, out_features: int, *, fuse: bool) -> torch.nn.Module:
         return self._configured(LayerNormLinear(in_features, out_features,
-                                                fuse_wgrad_accumulation=fuse))
+                                                fuse_wgrad_accumulation=fuse), "layernorm_linear")
 
     def grouped_linear(self, num_gemms: int, in_features: int, out_features: int, *,
                        fuse: bool) -> torch.nn.Module:
         return self._configured(GroupedLinear(num_gemms, in_features, out_features,
-                                              fuse_wgrad_accumulation=fuse))
+                                              fuse_wgrad_accumulation=fuse), "grouped_linear")
 
     def autocast(self, quant: Quant | None):
         return autocast(quant)

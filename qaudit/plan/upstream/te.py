@@ -10,7 +10,12 @@ tagged sources (docs/te-settings.md lists the files):
 
 - `overwrite_main_grad` on a weight: ignored before v2.9 (TE PR #2191), read in backward from
   v2.9 to v2.14.1, read at forward and saved since v2.15 (TE PR #2549). qaudit's weights
-  carry the attribute for the whole run, so "backward" and "forward" give the same result.
+  carry the attribute for the whole run, so "backward" and "forward" give the same result for
+  `Linear`, whose backward reads the parameter. `LayerNormLinear` and `GroupedLinear` from
+  v2.9 to v2.14.1 read it in backward from the weight tensor their GEMM used, saved at
+  forward: the parameter itself in high precision (or when it is stored quantized,
+  `fp8_param`), but under an FP8/FP4 recipe the quantized copy, which has no such attribute,
+  so they accumulate as the flag says (docs/te-runtime.md, "What TE's own code showed").
 - delayed weight gradients (`delay_wgrad_compute`): since v2.3; `backward_dw` runs the
   module's wgrad hooks (the ones Megatron's DDP registers) since v2.7.
 - CUDA graphs: before v2.14 `make_graphed_callables` set every `is_first_microbatch`
@@ -40,6 +45,10 @@ NEWEST_TE = TE_RELEASES[-1]
 TE_MAIN = "main"
 TE_MAIN_VERSION = "2.20.0.dev0"  # TE main at commit d0067d0da6, as read
 CHOOSE_TE_HINT = "pass --te VERSION for the Transformer Engine you run"
+# v2.9 to v2.14.1: `getattr(weight, "overwrite_main_grad")` in `_LayerNormLinear.backward` and
+# `getattr(weights[0], ...)` in `_GroupedLinear.backward`, where `weight(s)` is what forward
+# saved for the GEMM (`weightmat`, `weights_fp8`); `_Linear.backward` reads the parameter.
+OVERWRITE_READ_FROM_GEMM_WEIGHT = ("layernorm_linear", "grouped_linear")
 
 
 def te_version_key(version: str) -> tuple[int, ...] | None:
@@ -56,6 +65,9 @@ class TEBehaviour:
     """What one TE version does with the settings qaudit models."""
 
     overwrite_main_grad: str  # "ignored" | "backward" | "forward"
+    # Module kinds (the runtime's names) whose backward reads overwrite_main_grad from the
+    # tensor the GEMM used, not from the parameter: a quantized copy hides it.
+    overwrite_read_from_gemm_weight: frozenset[str]
     delay_wgrad: bool  # delay_wgrad_compute exists (WeightGradStore, backward_dw)
     delay_wgrad_hooks: bool  # backward_dw runs the registered wgrad hooks
     graph_warmup_rearms: bool  # make_graphed_callables re-arms is_first_microbatch after warm-up
@@ -70,6 +82,8 @@ def te_behaviour(version: str) -> TEBehaviour:
     return TEBehaviour(
         overwrite_main_grad=("ignored" if key < (2, 9) else
                              "backward" if key < (2, 15) else "forward"),
+        overwrite_read_from_gemm_weight=(frozenset(OVERWRITE_READ_FROM_GEMM_WEIGHT)
+                                         if (2, 9) <= key < (2, 15) else frozenset()),
         delay_wgrad=key >= (2, 3),
         delay_wgrad_hooks=key >= (2, 7),
         graph_warmup_rearms=key < (2, 14))
