@@ -391,6 +391,32 @@ def test_te_runtime_refuses_settings_only_the_reference_models(write_yaml):
         audit_files(path, options=AuditOptions(runtime="te"))
 
 
+FSDP_FP8_REPEATED_MTP = ("num_layers: 2\nhidden_size: 128\nnum_attention_heads: 4\n"
+                         "mtp_num_layers: 2\nmtp_use_repeated_layer: true\n"
+                         "fp8: e4m3\nfp8_recipe: tensorwise\nuse_megatron_fsdp: true\n"
+                         "data_parallel_sharding_strategy: optim_grads_params\n")
+
+
+@pytest.mark.parametrize("version", ["2.14.1", "2.20.2"])
+def test_megatron_fsdp_fp8_layernorm_linear_on_te_2_14_follows_the_flag(write_yaml, version):
+    """Megatron-FSDP sets overwrite_main_grad; under FP8, TE 2.14's LayerNormLinear does not
+    see it (it reads the quantized copy), so its rows accumulate after the first microbatch,
+    and a repeated one loses its gradient through the flag, not the attribute; Linear
+    overwrites on every backward in both releases."""
+    report = audit_files(write_yaml("fsdp.yaml", FSDP_FP8_REPEATED_MTP),
+                         options=AuditOptions(te=version))
+    rows = {r.name: r for r in report.modules}
+    hidden = version == "2.14.1"
+    assert rows["decoder.layers.0.mlp.linear_fc1"].accumulation == \
+        ("overwrite-first" if hidden else "overwrite-always")
+    assert rows["decoder.layers.0.mlp.linear_fc2"].accumulation == "overwrite-always"
+    qa001 = {f.module: f.message for f in report.findings if f.rule == "QA001"}
+    layernorm = qa001["mtp.layers.0.mtp_model_layer.mlp.linear_fc1"]
+    assert ("is_first_microbatch=True" in layernorm) is hidden
+    assert ("its weight has overwrite_main_grad" in layernorm) is not hidden
+    assert "its weight has overwrite_main_grad" in qa001["mtp.layers.0.eh_proj"]
+
+
 def test_every_format_names_the_te_behaviour(monkeypatch, capsys, write_yaml):
     path = write_yaml("t.yaml", "num_layers: 1\nhidden_size: 64\nnum_attention_heads: 4\n")
     code, out, _ = run_in_process(monkeypatch, capsys, "check", path, "--te", "2.15",

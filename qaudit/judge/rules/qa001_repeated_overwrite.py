@@ -96,7 +96,10 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
         row = rows[module]
         first = lossy[0]
         same_mb = [r for r in records if r.grad and (r.step, r.microbatch) == (first.step, first.microbatch)]
-        always = facts.overwrite_main_grad.get(module, False)
+        # The attribute alone is not enough: TE 2.9-2.14's LayerNormLinear and GroupedLinear
+        # ignore it under FP8/FP4 (qaudit/plan/upstream/te.py), and then the flag decides.
+        always = facts.overwrite_main_grad.get(module, False) \
+            and row.accumulation == "overwrite-always"
         if always:
             why = ("its weight has overwrite_main_grad, so every backward overwrites main_grad "
                    f"and only the last of the {len(same_mb)} backwards survives")
