@@ -7,6 +7,8 @@ rule tests at the end, which audit a small config.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pathlib import Path
 
 import pytest
@@ -64,8 +66,10 @@ def test_fp8_exec_dims_versions_per_module():
     assert "fp8-exec-dims" in names(LAYERNORM_LINEAR, "2.0")
     assert "fp8-exec-dims" in names(GROUPED, "2.4")
     assert "fp8-exec-dims" not in names(GROUPED, "2.5")
-    assert token_multiple("mxfp8", GROUPED, "2.4") == 8  # each expert's split % 8
-    assert token_multiple("mxfp8", GROUPED, "2.5") == 1
+    # Each expert's split % 8 up to v2.4; MXFP8's quantizer asks 32 of every row count anyway.
+    assert token_multiple("delayed", GROUPED, "2.4") == 8
+    assert token_multiple("delayed", GROUPED, "2.5") == 1
+    assert token_multiple("mxfp8", GROUPED, "2.5") == 32
 
 
 def test_tensor_scaling_leading_dim_from_2_9():
@@ -76,7 +80,22 @@ def test_tensor_scaling_leading_dim_from_2_9():
         assert _broken(shape, quant, "2.9") == {("fp8-gemm-leading-dim", "dgrad", "N")}
         assert not _broken(shape, quant, "2.8")
     assert ("fp8-gemm-leading-dim", "wgrad", "M") in _broken(_shape(4104, 1024, 1024), TENSORWISE)
-    assert not _broken(shape, MXFP8)  # MXFP8's branch checks no dimension
+    # MXFP8's GEMM branch checks no dimension; its quantizer does (next test).
+    assert _broken(shape, MXFP8) == {("mxfp8-quantize-dims", "fprop", "N")}
+
+
+def test_mxfp8_quantizer_dims_from_2_0():
+    """transformer_engine/pytorch/csrc/quantizer.cpp MXFP8Quantizer::create_tensor ("MXFP8
+    requires tensor dims that are divisible by 32"; extensions/quantizer.cpp before v2.4) and
+    TE's Python MXFP8Quantizer.make_empty (v2.0-v2.15): rows and columns of X, W, dY % 32.
+    docs/gemm-shapes.md said MXFP8's quantizer had no check; TE's code contradicts it."""
+    for dims, dim in (((4096, 1040, 1024), "K"), ((4096, 1024, 1040), "N"),
+                      ((4112, 1024, 1024), "M")):
+        assert _broken(_shape(*dims), MXFP8) == {("mxfp8-quantize-dims", "fprop", dim)}, dims
+        assert not _broken(_shape(*dims), MXFP8, "1.13")
+    assert not _broken(_shape(4096, 1024, 1024), MXFP8)
+    assert {r.source for r in alignment_rules("mxfp8", LINEAR, "2.3")} >= {
+        "transformer_engine/pytorch/csrc/extensions/quantizer.cpp: MXFP8Quantizer"}
 
 
 def test_block_scaling_gemm_dims_from_2_3():
@@ -225,7 +244,9 @@ def test_deepseek_v3_shapes_pass_every_recipe(tp):
         shape = gemm_shape(config, name, cls, p)
         assert shape is not None, name
         for quant in (TENSORWISE, BLOCKWISE, MXFP8, NVFP4 if "experts." not in name else MXFP8):
-            assert not check_gemm_shape(config, shape, quant, NEW, p), (name, quant)
+            # Megatron pads tokens per expert for the config's own recipe (MXFP8: 32).
+            run = replace(config, fp8_recipe=quant.recipe) if quant.fmt == "fp8" else config
+            assert not check_gemm_shape(run, shape, quant, NEW, p), (name, quant)
     kv = gemm_shape(config, "decoder.layers.3.self_attention.linear_kv_down_proj", "TELinear", p)
     assert kv.n == 576
 

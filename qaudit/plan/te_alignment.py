@@ -24,6 +24,8 @@ GEMM_CANONICALIZE = "transformer_engine/common/gemm/cublaslt_gemm.cu: Canonicali
 NVFP4_QUANTIZE_OLD = "transformer_engine/common/util/nvfp4_transpose.cuh: quantize_transpose"
 NVFP4_QUANTIZE = ("transformer_engine/common/cast/nvfp4/quantize_transpose_nvfp4.cuh: "
                   "quantize_transpose")
+MXFP8_QUANTIZER_OLD = "transformer_engine/pytorch/csrc/extensions/quantizer.cpp: MXFP8Quantizer"
+MXFP8_QUANTIZER = "transformer_engine/pytorch/csrc/quantizer.cpp: MXFP8Quantizer::create_tensor"
 
 LINEAR = "linear"  # te.Linear (TEColumnParallelLinear, TERowParallelLinear, TELinear)
 LAYERNORM_LINEAR = "layernorm_linear"  # te.LayerNormLinear
@@ -112,6 +114,16 @@ def _nvfp4_quantize() -> tuple[DimCheck, ...]:
             DimCheck("fprop", "N", 32, "rows of W, columns of dY"))
 
 
+def _mxfp8_quantize() -> tuple[DimCheck, ...]:
+    # "MXFP8 requires tensor dims that are divisible by 32": the flattened rows and the last
+    # dim of every tensor the MXFP8 quantizer allocates (TE's Python MXFP8Quantizer.make_empty
+    # asserts the same up to v2.15): X (M x K), W (N x K), dY (M x N). A sequence-parallel
+    # input whose local shard is not quantizable is gathered first, so M is the gathered rows.
+    return (DimCheck("fprop", "M", 32, "rows of X and dY"),
+            DimCheck("fprop", "K", 32, "columns of X and W"),
+            DimCheck("fprop", "N", 32, "rows of W, columns of dY"))
+
+
 def alignment_rules(recipe: str, module: str, te_version: str) -> list[AlignmentRule]:
     """The rules a quantized GEMM of `module` kind (LINEAR, LAYERNORM_LINEAR, GROUPED) meets
     under TE recipe `recipe` (tensorwise, delayed, blockwise, mxfp8, nvfp4) in `te_version`."""
@@ -130,6 +142,9 @@ def alignment_rules(recipe: str, module: str, te_version: str) -> list[Alignment
     if recipe == "blockwise" and key >= (2, 3):
         rules.append(AlignmentRule("block-scaling-gemm-dims", GEMM_CANONICALIZE, "2.3",
                                    _blockwise_gemm()))
+    if recipe == "mxfp8" and key >= (2, 0):
+        source = MXFP8_QUANTIZER if key >= (2, 4) else MXFP8_QUANTIZER_OLD
+        rules.append(AlignmentRule("mxfp8-quantize-dims", source, "2.0", _mxfp8_quantize()))
     if recipe == "nvfp4" and key >= (2, 8):
         source = NVFP4_QUANTIZE if key >= (2, 10) else NVFP4_QUANTIZE_OLD
         rules.append(AlignmentRule("nvfp4-quantize-dims", source, "2.8", _nvfp4_quantize()))
