@@ -172,6 +172,67 @@ def config_differences(paths: list[str]) -> dict[str, str]:
     return out
 
 
+SHAPE_RECIPES = (Quant("fp8", "delayed"), Quant("fp8", "tensorwise"), Quant("fp8", "mxfp8"),
+                 Quant("fp8", "blockwise"), Quant("fp4", "nvfp4"))
+# Hand-made shapes (M, K, N), most of them bad for some recipe: rows % 8 / 16 / 32, columns
+# % 16 / 32, out_features % 8 / 16 / 32, and DeepSeek-V3's 576-wide kv_down_proj.
+BAD_SHAPES = ((4096, 1024, 1024), (4100, 1024, 1024), (4104, 1024, 1024), (4112, 1024, 1024),
+              (4096, 1000, 1024), (4096, 1032, 1024), (4096, 1040, 1024), (4096, 1024, 1004),
+              (4096, 1024, 1000), (4096, 1024, 1048), (4112, 1048, 1032), (4096, 7168, 576),
+              (2050, 7168, 4608))
+
+
+def shape_cases(runtime, version: str, paths: list[str]) -> dict:
+    """TE's own Python shape checks against qaudit's table (issue 24): every TE module of each
+    bundled config at its real widths on one rank, in every recipe, and BAD_SHAPES for each
+    module kind; the disagreements, how many answers TE gave and how many were refusals."""
+    from qaudit.commands.check import load_inputs
+    from qaudit.plan.shapes import (COLUMN, GemmShape, Parallel, check_gemm_shape, gemm_shape,
+                                    parallel_of)
+    from qaudit.plan.te_alignment import GROUPED, LAYERNORM_LINEAR, LINEAR
+    from qaudit.run.audit import run_audit
+    from qaudit.run.options import AuditOptions
+    from qaudit.runtime.te_shapes import shape_checks_for
+
+    checks = shape_checks_for(runtime)
+    cases = []  # (config, shape, parallel)
+    for path in paths:
+        config, recipe = load_inputs(path)
+        parallel = parallel_of(config)
+        if parallel is None:
+            continue
+        facts = run_audit(config, recipe, AuditOptions(steps=1, microbatches=1,
+                                                       runtime="reference")).facts
+        for row in facts.rows:
+            shape = gemm_shape(config, row.name, row.type, parallel)
+            if shape is not None:
+                cases.append((config, shape, parallel))
+    plain = load_inputs(str(REPO / "configs" / "gpt-small-bf16.yaml"))[0]
+    for (m, k, n), kind in itertools.product(BAD_SHAPES, (LINEAR, LAYERNORM_LINEAR, GROUPED)):
+        cases.append((plain, GemmShape("hand-made", kind, COLUMN, m, m, k, n), Parallel()))
+        if kind == GROUPED:
+            cases.append((plain, GemmShape("hand-made", kind, COLUMN, None, None, k, n,
+                                           per_expert=True), Parallel()))
+    answers = refusals = 0
+    disagreements = set()
+    for (config, shape, parallel), quant, backward in itertools.product(
+            cases, SHAPE_RECIPES, (True, False)):
+        problems = check_gemm_shape(config, shape, quant, version, parallel, backward=backward)
+        found = checks.answers(shape, quant, backward)
+        answers += len(found)
+        refusals += sum(bool(a.refused) for a in found)
+        for line in checks.disagreements(shape, quant, backward, problems):
+            disagreements.add(f"{shape.kind} {shape.text()} {quant.recipe}: {line}")
+    return {"shapes": len(cases), "answers": answers, "refusals": refusals,
+            "checks": sorted({a.check for (_, s, _), q in itertools.product(cases, SHAPE_RECIPES)
+                              for a in checks.answers(s, q, True)}),
+            "disagreements": sorted(disagreements)}
+
+
+def bundled_configs(paths: list[str]) -> list[str]:
+    return [p for p in paths if Path(p).parent == REPO / "configs"]
+
+
 def main(argv: list[str]) -> int:
     out_path, configs = argv[0], argv[1:]
     runtime = select_runtime("te", "cpu")
@@ -182,7 +243,8 @@ def main(argv: list[str]) -> int:
     result = {"te": version, "runtime": runtime.description, "cases": count,
               "differences": differences, "not_stood_in": not_stood_in,
               "differences_without_module_kind_fact": before,
-              "configs": config_differences(configs) if configs else {}}
+              "configs": config_differences(configs) if configs else {},
+              "shape_checks": shape_cases(runtime, version, bundled_configs(configs))}
     Path(out_path).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -5,8 +5,10 @@ Slow, per TE release that `scripts/fetch-te` unpacked (QAUDIT_TEST_TE_DIRS, ':'-
 skipped when unset): TE's own Linear / LayerNormLinear / GroupedLinear through every case
 the reference runtime models give the same wgrad decisions and weight-cache uses, and
 `check --runtime te` gives the same rows and findings as `--runtime reference` on every
-bundled config, and (newest release) on 60 corpus files (tests/te_standin.py does the work
-in a subprocess: one TE per process).
+bundled config, and (newest release) on 60 corpus files; and TE's own Python shape checks
+agree with qaudit's table of TE's rules (qaudit/runtime/te_shapes.py) on every bundled config's
+shapes and on hand-made bad ones (tests/te_standin.py does the work in a subprocess: one TE
+per process).
 """
 
 from __future__ import annotations
@@ -142,6 +144,13 @@ def test_te_modules_and_checks_match_the_reference(te_dir, tmp_path):
     # 2.9-2.14's reading of overwrite_main_grad from a quantized weight copy (modelled in
     # qaudit/plan/upstream/te.py): no difference is excused.
     assert result["differences"] == []
+    # TE's own Python shape checks (issue 24) give qaudit's table's answer on every bundled
+    # config's real-width shapes and on hand-made bad shapes, in every recipe; some of those
+    # answers are refusals, so the comparison can fail.
+    shapes = result["shape_checks"]
+    assert shapes["disagreements"] == []
+    assert shapes["answers"] > 1000 and shapes["refusals"] > 50
+    assert "assert_dim_for_fp8_exec" in shapes["checks"]
     # What the stand-in does not serve is named, never skipped silently: NVFP4 (no cast
     # kernel), and where TE itself refuses a recipe on the posed GPU.
     for line in result["not_stood_in"]:

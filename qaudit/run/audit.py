@@ -27,6 +27,7 @@ from qaudit.run.rows import ModuleRow, accumulation_of, calls_per_microbatch, pr
 from qaudit.run.train import run_evaluation, run_training
 from qaudit.runtime import select_runtime
 from qaudit.runtime.reference import ReferenceRuntime
+from qaudit.runtime.te_shapes import shape_checks_for
 
 
 @dataclass(kw_only=True)
@@ -169,7 +170,8 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
         config=config, recipe=recipe, policy=policy, rows=rows_in_order, records=records,
         overwrite_main_grad=overwrite, te_modules=te_modules, match_names=match_names,
         bindings=bindings, evaluation=options.evaluation, allow_import=options.allow_import,
-        custom_factories=factories, te_version=te.rule_version, built_widths=built_widths)
+        custom_factories=factories, te_version=te.rule_version, built_widths=built_widths,
+        te_shape_checks=shape_checks_for(session.runtime))
     return AuditRun(model=model, session=session, records=records, rows=rows_in_order, facts=facts,
                     snapshot=snapshot or None, memory=memory)
 

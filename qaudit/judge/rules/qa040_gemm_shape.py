@@ -44,14 +44,23 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     te_version = facts.te_version or NEWEST_TE
     # One finding per repeated module (layer and expert indices wildcarded) and recipe.
     grouped: dict[tuple, dict[str, list[ShapeProblem]]] = {}
+    disagreeing: dict[tuple, dict[str, list[str]]] = {}
+    te_checks = facts.te_shape_checks
     for shape, quant, backward in quantized_shapes(facts, parallel):
         problems = check_gemm_shape(facts.config, shape, quant, te_version, parallel,
                                     backward=backward)
         if problems:
             modules = grouped.setdefault((module_pattern(shape.module), quant), {})
             modules[shape.module] = problems
+        if te_checks is not None:
+            differ = te_checks.disagreements(shape, quant, backward, problems)
+            if differ:
+                disagreeing.setdefault((module_pattern(shape.module), quant), {})[
+                    shape.module] = differ
     for modules in grouped.values():
         yield _hit(facts, modules, parallel.label())
+    for (_, quant), modules in disagreeing.items():
+        yield _disagreement(facts, quant, modules, parallel.label())
 
 
 def quantized_shapes(facts: AuditFacts, parallel: Parallel) \
@@ -82,6 +91,19 @@ def gemm_shapes(facts: AuditFacts) -> list[dict] | None:
         return None
     return shape_table([(shape, quant) for shape, quant, _ in quantized_shapes(facts, parallel)],
                        parallel)
+
+
+def _disagreement(facts: AuditFacts, quant: Quant, modules: dict[str, list[str]],
+                  split: str) -> Hit:
+    """TE's own Python check (run where the te runtime imported TE) and qaudit's table of
+    TE's rules answer differently on one shape: both sides named, TE's answer is the truth."""
+    name, lines = next(iter(modules.items()))
+    more = f" (and {len(modules) - 1} more like it)" if len(modules) > 1 else ""
+    message = (f"{name}{more} in {quant.label} at {split}: TE's own shape check and qaudit's "
+               f"table of TE's rules (docs/gemm-shapes.md) disagree: " + "; ".join(lines))
+    return Hit(module=name, message=message, file=facts.config.file,
+               line=facts.config.line_of("hidden_size"),
+               fix="trust TE's answer for this shape, and report the table's error to qaudit")
 
 
 _DIM_FIX = {"N": "pad out_features", "K": "pad in_features",
