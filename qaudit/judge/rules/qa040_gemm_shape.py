@@ -25,8 +25,16 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     (`--te`): `assert_dim_for_fp8_exec` (transformer_engine/pytorch/utils.py) for every
     quantized Linear and LayerNormLinear, cuBLAS's leading-dimension and outer-dimension
     checks for tensor scaling and block scaling (`CanonicalizeGemmInput`,
-    transformer_engine/common/gemm/cublaslt_gemm.cu) and the NVFP4 quantizer's 32-multiple
+    transformer_engine/common/gemm/cublaslt_gemm.cu), the MXFP8 quantizer's 32-multiple
+    (`MXFP8Quantizer::create_tensor`) and the NVFP4 quantizer's
     (docs/gemm-shapes.md lists each rule, its source and the versions it holds for).
+
+    Where the te runtime has TE's Python imported (`--runtime te`, on a GPU or on the CPU
+    stand-in), TE's own Python checks are also run on each real-width shape
+    (`assert_dim_for_fp8_exec`, and the MXFP8/NVFP4 quantizers' `make_empty` asserts where
+    TE's Python has them), on meta tensors; a shape where TE's answer and the table's differ is
+    reported with both sides named. TE's C++ checks (cuBLAS, the quantize kernels) cannot run
+    without its compiled extension: the table alone covers them.
 
     A shape TE refuses fails at the first step on the cluster, after the queue wait. Tokens
     per expert are data-dependent: they must be padded to the recipe's multiple, which
