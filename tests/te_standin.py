@@ -141,7 +141,9 @@ def _comparable(report) -> dict:
     return {"rows": rows, "findings": findings}
 
 
-def config_differences(paths: list[str]) -> dict[str, str]:
+def config_differences(paths: list[str], module_rows: dict | None = None) -> dict[str, str]:
+    """Per config: "same" where --runtime te gives the reference's rows and findings.
+    `module_rows` receives each audited config's (module name, upstream class) rows."""
     from qaudit.commands.check import audit_config, load_inputs
     from qaudit.errors import EnvironmentProblem, InputError
     from qaudit.run.options import AuditOptions
@@ -162,6 +164,8 @@ def config_differences(paths: list[str]) -> dict[str, str]:
         except Exception as exc:  # noqa: BLE001 - reported as a difference
             out[path] = f"DIFFERENCE: te crashed: {type(exc).__name__}: {exc}"
             continue
+        if module_rows is not None:
+            module_rows[path] = [(row.name, row.type) for row in ref.modules]
         a, b = _comparable(ref), _comparable(te)
         if a == b:
             out[path] = "same"
@@ -182,29 +186,26 @@ BAD_SHAPES = ((4096, 1024, 1024), (4100, 1024, 1024), (4104, 1024, 1024), (4112,
               (2050, 7168, 4608))
 
 
-def shape_cases(runtime, version: str, paths: list[str]) -> dict:
+def shape_cases(runtime, version: str, module_rows: dict[str, list[tuple[str, str]]]) -> dict:
     """TE's own Python shape checks against qaudit's table (issue 24): every TE module of each
-    bundled config at its real widths on one rank, in every recipe, and BAD_SHAPES for each
-    module kind; the disagreements, how many answers TE gave and how many were refusals."""
+    config in `module_rows` (path -> its audit's (name, upstream class) rows) at its real
+    widths on one rank, in every recipe, and BAD_SHAPES for each module kind; the
+    disagreements, how many answers TE gave and how many were refusals."""
     from qaudit.commands.check import load_inputs
     from qaudit.plan.shapes import (COLUMN, GemmShape, Parallel, check_gemm_shape, gemm_shape,
                                     parallel_of)
     from qaudit.plan.te_alignment import GROUPED, LAYERNORM_LINEAR, LINEAR
-    from qaudit.run.audit import run_audit
-    from qaudit.run.options import AuditOptions
     from qaudit.runtime.te_shapes import shape_checks_for
 
     checks = shape_checks_for(runtime)
     cases = []  # (config, shape, parallel)
-    for path in paths:
-        config, recipe = load_inputs(path)
+    for path, rows in module_rows.items():
+        config = load_inputs(path)[0]
         parallel = parallel_of(config)
         if parallel is None:
             continue
-        facts = run_audit(config, recipe, AuditOptions(steps=1, microbatches=1,
-                                                       runtime="reference")).facts
-        for row in facts.rows:
-            shape = gemm_shape(config, row.name, row.type, parallel)
+        for name, upstream_class in rows:
+            shape = gemm_shape(config, name, upstream_class, parallel)
             if shape is not None:
                 cases.append((config, shape, parallel))
     plain = load_inputs(str(REPO / "configs" / "gpt-small-bf16.yaml"))[0]
@@ -229,10 +230,6 @@ def shape_cases(runtime, version: str, paths: list[str]) -> dict:
             "disagreements": sorted(disagreements)}
 
 
-def bundled_configs(paths: list[str]) -> list[str]:
-    return [p for p in paths if Path(p).parent == REPO / "configs"]
-
-
 def main(argv: list[str]) -> int:
     out_path, configs = argv[0], argv[1:]
     runtime = select_runtime("te", "cpu")
@@ -240,11 +237,13 @@ def main(argv: list[str]) -> int:
     from qaudit.plan.upstream.te import te_behaviour
 
     count, differences, not_stood_in, before = module_cases(runtime, te_behaviour(version))
+    rows: dict[str, list[tuple[str, str]]] = {}
+    compared = config_differences(configs, rows) if configs else {}
+    bundled = {path: found for path, found in rows.items() if Path(path).parent == REPO / "configs"}
     result = {"te": version, "runtime": runtime.description, "cases": count,
               "differences": differences, "not_stood_in": not_stood_in,
-              "differences_without_module_kind_fact": before,
-              "configs": config_differences(configs) if configs else {},
-              "shape_checks": shape_cases(runtime, version, bundled_configs(configs))}
+              "differences_without_module_kind_fact": before, "configs": compared,
+              "shape_checks": shape_cases(runtime, version, bundled)}
     Path(out_path).write_text(json.dumps(result, indent=1))
     return 0
 
