@@ -37,6 +37,8 @@ class AuditFacts:
     te_version: str | None = None  # the TE release the verdict is for (None: the newest known)
     # --full-size: each TE module's (in_features, out_features) in the real-width build.
     built_widths: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Values a rule computes once that the report reuses (QA040's shapes), by the rule's key.
+    derived: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
     def rows_by_name(self) -> dict[str, ModuleRow]:
