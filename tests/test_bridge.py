@@ -168,6 +168,28 @@ def test_the_hybrid_provider_composes_the_mtp_pattern_as_finalize_does():
     assert config.source.provider == "HybridModelProvider"
 
 
+@pytest.mark.parametrize("section, key, value", [
+    ("model", "mtp_num_layers", {"tp_comm_overlap": False}),  # found by the fuzz campaign
+    ("model", "mtp_num_layers", "2"),
+    ("model", "mtp_num_layers", True),
+    ("model", "tensor_model_parallel_size", [2]),
+    ("comm_overlap", "delay_wgrad_compute", "yes"),
+])
+def test_a_value_the_reader_computes_with_is_type_checked_at_its_line(tmp_path, section, key,
+                                                                      value):
+    """The reader composes the MTP pattern and the TP overlap before the field checks run: a
+    wrong type there is exit 2 naming the key, never a TypeError (exit 3)."""
+    document = yaml.safe_load(Path(EXAMPLE).read_text())
+    document.setdefault("comm_overlap", {"_target_": "megatron.bridge.training.comm_overlap."
+                                         "CommOverlapConfig", "tp_comm_overlap": True})
+    document[section][key] = value
+    path = tmp_path / "dump.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    with pytest.raises(InputError) as caught:
+        load_files(str(path))
+    assert caught.value.key == f"{section}.{key}" and caught.value.line is not None
+
+
 # --- the bundled example: verdicts, fusion probe, Bridge-only fields -----------------------
 
 def test_lightning_shaped_example_fails_on_its_mtp_modules(monkeypatch, capsys):

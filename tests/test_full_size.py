@@ -171,7 +171,40 @@ def test_full_size_reports_every_quantized_gemm_shape_from_the_build(write_yaml)
     fc1 = shapes[("decoder.layers.*.mlp.experts.linear_fc1", "fp8/blockwise")]
     assert (fc1["per_expert"], fc1["k"], fc1["n"]) == (True, 1024, 256)  # 512 / ETP 2
     assert all(s["split"] == "TP 2, EP 4, sequence parallel" for s in report.gemm_shapes)
-    assert audit_files(write_yaml("moe.yaml", MOE_MLA), options=AuditOptions()).gemm_shapes is None
+    # Every audit reports the table; the shrunk build's widths give the same one.
+    shrunk = audit_files(write_yaml("moe.yaml", MOE_MLA + "seq_length: 4096\n"
+                                    "sequence_parallel: true\n"), options=AuditOptions())
+    assert shrunk.gemm_shapes == report.gemm_shapes
+
+
+def test_every_format_shows_the_shape_table_where_a_reviewer_looks(write_yaml):
+    """JSON always; Markdown folded; the terminal table only with -v (issue 23's short screen)."""
+    from qaudit.render.markdown import render_markdown
+    from qaudit.render.table import render_table
+
+    report = audit_files(write_yaml("moe.yaml", MOE_MLA + "seq_length: 4096\n"),
+                         options=AuditOptions())
+    code = report.exit_code()
+    title = "GEMM shapes on one rank at real width (TP 2, EP 4)"
+    assert title not in render_table(report, code)
+    verbose = render_table(report, code, show_info=True)
+    assert title in verbose
+    kv_down = next(line for line in verbose.splitlines()
+                   if line.endswith("decoder.layers.*.self_attention.linear_kv_down_proj"))
+    assert kv_down.split()[:5] == ["3", "fp8/blockwise", "4096", "1024", "160"]
+    assert "per expert" in verbose
+    markdown = render_markdown(report, code)
+    assert f"<details><summary>{title}" in markdown
+    assert "| `decoder.layers.*.self_attention.linear_kv_down_proj` | 3 | `fp8/blockwise` | 4096 | 1024 | 160 |" in markdown
+
+
+def test_a_bf16_run_reports_an_empty_shape_table(write_yaml):
+    report = audit_files(write_yaml("bf16.yaml", MOE_MLA.replace("fp8: e4m3\nfp8_recipe: blockwise\n", "")),
+                         options=AuditOptions())
+    assert report.gemm_shapes == []
+    from qaudit.render.table import render_table
+
+    assert "GEMM shapes" not in render_table(report, report.exit_code(), show_info=True)
 
 
 def test_numpy_import_short_cut_lasts_one_audit_only(write_yaml, monkeypatch):

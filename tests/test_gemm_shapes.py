@@ -278,7 +278,8 @@ def test_qa040_fires_naming_module_dimension_rule_and_fix(write_yaml):
 
 
 def test_qa040_counted_work_is_one_shape_per_quantized_module(write_yaml, monkeypatch):
-    """The shape check's work is one shape and one rule lookup per quantized module and recipe
+    """The shape check's work is one shape and one rule lookup per quantized module and recipe,
+    shared by the rule and the report's table
     (it adds under 5 % to an audit: scripts/bench measures the time)."""
     from qaudit.commands.check import audit_files
     from qaudit.judge.rules import qa040_gemm_shape

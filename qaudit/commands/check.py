@@ -11,6 +11,7 @@ import torch
 from qaudit.errors import InputError
 from qaudit.judge.report import Finding, ModuleRow, Report
 from qaudit.judge.rules import judge
+from qaudit.judge.rules.qa040_gemm_shape import gemm_shapes
 from qaudit.load.bridge import locate_error
 from qaudit.load.config import ModelConfig
 from qaudit.load.recipe import QuantRecipe
@@ -165,10 +166,7 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
     if run.facts.cross_check is not None:
         report.cross_check = run.facts.cross_check.to_dict()
     report.memory = run.memory
-    if options.full_size:
-        from qaudit.judge.rules.qa040_gemm_shape import gemm_shapes
-
-        report.gemm_shapes = gemm_shapes(run.facts)
+    report.gemm_shapes = gemm_shapes(run.facts)
     if options.compare_policies:
         report.policies = compare_policies(config, recipe, options, rows)
     if options.rank is not None:

@@ -63,8 +63,8 @@ class Report:
     cross_check: dict[str, Any] | None = None
     # --full-size: parameters and bytes on one rank (qaudit/run/memory.py per_rank_memory).
     memory: dict[str, Any] | None = None
-    # --full-size: each quantized module's GEMM on one rank, from the real-size build
-    # (qaudit/judge/rules/qa040_gemm_shape.py gemm_shapes).
+    # Each quantized module group's GEMM on one rank at real width, in every audit (from the
+    # real-size build under --full-size; qaudit/judge/rules/qa040_gemm_shape.py gemm_shapes).
     gemm_shapes: list[dict[str, Any]] | None = None
     # How the config was read when a reader says more than its path: a Megatron-Bridge
     # ConfigContainer's provider and version, and settings resolved for the GPU job

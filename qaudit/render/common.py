@@ -502,3 +502,33 @@ def memory_line(report: Report) -> str | None:
         parts.append(f"{label} {memory[key + '_gib']:,} GiB{divided}")
     return (f"memory per rank at full size ({memory['split']}; stage {memory['stage']}): "
             f"{memory['parameters'] / 1e9:,.2f} B parameters; " + ", ".join(parts))
+
+
+SHAPE_HEADERS = ["modules", "n", "precision", "M", "K", "N"]
+
+
+def shape_rows(report: Report) -> tuple[str, list[list[str]]] | None:
+    """Each quantized module group's GEMM on one rank at the run's real widths (rule QA040's
+    shapes): (the parallel split, one row per group). None when the report has none."""
+    shapes = getattr(report, "gemm_shapes", None)
+    if not shapes or not isinstance(shapes, list):
+        return None
+    rows, splits = [], []
+    for entry in shapes:
+        if not isinstance(entry, dict):
+            continue
+        m = entry.get("m")
+        m_text = "per expert" if entry.get("per_expert") else ("?" if m is None else str(m))
+        rows.append([str(entry.get("modules", "?")), str(entry.get("count", "?")),
+                     str(entry.get("precision", "?")), m_text,
+                     str(entry.get("k", "?")), str(entry.get("n", "?"))])
+        split = str(entry.get("split", "?"))
+        if split not in splits:
+            splits.append(split)
+    return (", ".join(splits), rows) if rows else None
+
+
+def shape_title(split: str, count: int) -> str:
+    return (f"GEMM shapes on one rank at real width ({split}): {count} quantized module "
+            "group(s); forward X is M x K, W is N x K; M '?' where seq_length is unset, "
+            "'per expert' where routing decides it (docs/gemm-shapes.md)")

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import re
 
-from qaudit.render.common import (calls_text, collapse_names, cross_check_line, format_error,
-                                  memory_line,
-                                  group_findings, group_rows, location, megatron_text,
-                                  policy_text, severity_counts, short_type, summary_counts,
+from qaudit.render.common import (SHAPE_HEADERS, calls_text, collapse_names, cross_check_line,
+                                  format_error, group_findings, group_rows, location,
+                                  megatron_text, memory_line, policy_text, severity_counts,
+                                  shape_rows, shape_title, short_type, summary_counts,
                                   suppressed_findings, te_text)
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
@@ -120,6 +120,17 @@ def _modules(report: Report, expand: bool) -> list[str]:
             + table + ["", "</details>"])
 
 
+def _shapes(report: Report) -> list[str]:
+    """Folded: the reviewer opens it when a recipe or TP size changes."""
+    found = shape_rows(report)
+    if found is None:
+        return []
+    split, rows = found
+    cells = [[code(r[0])] + r[1:2] + [code(r[2])] + r[3:] for r in rows]
+    return ([f"<details><summary>{escape(shape_title(split, len(rows)))}</summary>", ""]
+            + _table(SHAPE_HEADERS, cells, right={1, 3, 4, 5}) + ["", "</details>"])
+
+
 def _policies(policies) -> list[str]:
     lines = ["#### Verdict under each tracking policy", ""]
     if not isinstance(policies, dict):
@@ -175,4 +186,7 @@ def render_markdown(report: Report, exit_code: int, *, expand: bool = False) -> 
     if policies:
         lines.extend(_policies(policies) + [""])
     lines.extend(_modules(report, expand))
+    shapes = _shapes(report)
+    if shapes:
+        lines.extend([""] + shapes)
     return "\n".join(lines) + "\n"

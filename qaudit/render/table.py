@@ -14,10 +14,11 @@ import textwrap
 from typing import Callable
 
 from qaudit.judge.report import SEVERITIES
-from qaudit.render.common import (FindingGroup, RowGroup, calls_text, collapse_rows,
-                                  compress_names, cross_check_line, format_error, group_findings,
-                                  location, megatron_text, memory_line, policy_text, te_text,
-                                  short_type, source_lines, summary_line, suppressed_findings)
+from qaudit.render.common import (SHAPE_HEADERS, FindingGroup, RowGroup, calls_text,
+                                  collapse_rows, compress_names, cross_check_line, format_error,
+                                  group_findings, location, megatron_text, memory_line,
+                                  policy_text, shape_rows, shape_title, short_type, source_lines,
+                                  summary_line, suppressed_findings, te_text)
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
 
@@ -281,6 +282,23 @@ def verdict_lines(groups: list[FindingGroup], summary: str, width: int, show_inf
     return lines
 
 
+def _shape_lines(report: Report, width: int) -> list[str]:
+    """-v: each quantized module group's GEMM on one rank at real width; the long module
+    pattern goes last so the numbers stay aligned in a narrow terminal."""
+    found = shape_rows(report)
+    if found is None:
+        return []
+    split, rows = found
+    lines = [""] + _wrap(shape_title(split, len(rows)), width, "", "  ")
+    order = [1, 2, 3, 4, 5, 0]
+    heads = [SHAPE_HEADERS[i] for i in order]
+    cells = [[r[i] for i in order] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(heads)]
+    lines.append(_join(_pad(heads, widths, right={0, 2, 3, 4})))
+    lines.extend(_join(_pad(c, widths, right={0, 2, 3, 4})) for c in cells)
+    return lines
+
+
 def _policy_lines(policies) -> list[str]:
     """The verdict of each module group under each tracking policy (--compare-policies)."""
     lines = ["", "verdict under each tracking policy (and the Megatron versions that have it):"]
@@ -343,6 +361,8 @@ def render_table(report: Report, exit_code: int, *, width: int = DEFAULT_WIDTH,
     suggestions = getattr(report, "suggestions", None)
     if suggestions:
         lines.extend(_suggestion_lines(suggestions, text_width))
+    if show_info:
+        lines.extend(_shape_lines(report, text_width))
     suppressed = suppressed_findings(report)
     if suppressed:
         lines.append("")

@@ -39,6 +39,8 @@ class AuditFacts:
     built_widths: dict[str, tuple[int, int]] = field(default_factory=dict)
     # With TE's Python imported by the te runtime: its own shape checks (runtime/te_shapes.py).
     te_shape_checks: Any = None
+    # Values a rule computes once that the report reuses (QA040's shapes), by the rule's key.
+    derived: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
     def rows_by_name(self) -> dict[str, ModuleRow]:

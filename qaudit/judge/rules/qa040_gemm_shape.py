@@ -71,10 +71,17 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
         yield _disagreement(facts, quant, modules, parallel.label())
 
 
-def quantized_shapes(facts: AuditFacts, parallel: Parallel) \
-        -> Iterator[tuple[GemmShape, Quant, bool]]:
+def quantized_shapes(facts: AuditFacts, parallel: Parallel) -> list[tuple[GemmShape, Quant, bool]]:
     """(shape on one rank, recipe, whether its backward GEMMs run) of every quantized module
-    call; widths from the real-size build where --full-size made one."""
+    call; widths from the real-size build where --full-size made one. Computed once per
+    audit: the rule and the report's table both read it."""
+    if "qa040_shapes" not in facts.derived:
+        facts.derived["qa040_shapes"] = list(_quantized_shapes(facts, parallel))
+    return facts.derived["qa040_shapes"]
+
+
+def _quantized_shapes(facts: AuditFacts, parallel: Parallel) \
+        -> Iterator[tuple[GemmShape, Quant, bool]]:
     dims = model_dims(facts.config, full_size=True)
     for row in facts.rows:
         records = facts.records.get(row.name, ())

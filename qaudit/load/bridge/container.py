@@ -178,6 +178,15 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
     return flat
 
 
+def _count(value) -> int | None:
+    """A dump's integer setting, or None when unset or of another type: the reader computes
+    with a few values before the field checks run, and a wrong type must reach those checks
+    (exit 2 with the key's line), not a comparison."""
+    if value is None:
+        return 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _compose_mtp_pattern(model: YamlMap, flat: Flat, put, where) -> None:
     """HybridModelProvider.finalize(): main pattern + '/' + the MTP pattern once per depth
     (at least once with mtp_use_repeated_layer: the shared layer always exists)."""
@@ -187,8 +196,10 @@ def _compose_mtp_pattern(model: YamlMap, flat: Flat, put, where) -> None:
         return  # the deprecated key with a Bridge MTP pattern: left to the hybrid checks
     if not isinstance(pattern, str) or not isinstance(mtp_pattern, str) or not mtp_pattern:
         return
-    depths = model.get("mtp_num_layers") or 0
-    copies = max(1, depths) if model.get("mtp_use_repeated_layer") else depths
+    depths = _count(model.get("mtp_num_layers"))
+    if depths is None:
+        return  # not a count: the field check names it, with its line
+    copies = max(1, depths) if model.get("mtp_use_repeated_layer") is True else depths
     main = pattern.split("/")[0]
     composed = main + "".join("/" + mtp_pattern for _ in range(copies))
     put("hybrid_layer_pattern", composed, where("model.mtp_hybrid_override_pattern", model,
@@ -271,8 +282,12 @@ def _apply_parallel_sections(document: YamlMap, flat: Flat, put, where) -> None:
         for key in sections.COMM_OVERLAP_MODEL_FIELDS:
             value = overlap.get(key)
             at = where(f"comm_overlap.{key}", overlap, key)
-            put(key, bool(value), at)
-        tp = mapping.get("tensor_model_parallel_size") or 1
+            if value is not None and not isinstance(value, bool):
+                raise InputError(f"expected true, false or null, got {type_name(value)} "
+                                 f"{short_repr(value)}", file=at[0], line=at[1],
+                                 key=f"comm_overlap.{key}")
+            put(key, value is True, at)
+        tp = _count(mapping.get("tensor_model_parallel_size")) or 1
         wanted = overlap.get("tp_comm_overlap") is True
         put("tp_comm_overlap", wanted and tp >= 2 and bool(mapping.get("sequence_parallel")),
             where("comm_overlap.tp_comm_overlap", overlap, "tp_comm_overlap"))
