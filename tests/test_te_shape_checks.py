@@ -91,3 +91,19 @@ def test_the_reference_runtime_runs_no_te_check():
     from qaudit.runtime.reference import ReferenceRuntime
 
     assert shape_checks_for(ReferenceRuntime()) is None
+
+
+def test_a_te_without_the_checks_runs_none(monkeypatch):
+    """A TE package lacking utils.assert_dim_for_fp8_exec or the quantizer modules (or a fake
+    one) gives no answer and no error: the table alone decides, as on the reference runtime."""
+    import types
+
+    package = types.ModuleType("fake_te_pytorch_for_shapes")
+    package.__path__ = []
+    monkeypatch.setitem(__import__("sys").modules, package.__name__, package)
+    from qaudit.runtime.te_shapes import TEShapeChecks
+
+    checks = TEShapeChecks(package)
+    shape = GemmShape("x", LAYERNORM_LINEAR, COLUMN, 4100, 4100, 1040, 1000)
+    assert checks.answers(shape, MXFP8, True) == []
+    assert checks.disagreements(shape, MXFP8, True, []) == []

@@ -64,9 +64,11 @@ class TEShapeChecks:
     """The checks the imported TE's Python makes, callable on a GemmShape."""
 
     def __init__(self, te_pytorch: Any) -> None:
-        self._utils = importlib.import_module(f"{te_pytorch.__name__}.utils")
-        self._fp8_exec_kinds = {kind for kind, name in _MODULE_FILES.items()
-                                if _calls(te_pytorch, f"module.{name}", f"{FP8_EXEC}(")}
+        # A TE without the function (or a stand-in package) has no such check: none is run.
+        self._assert_fp8_exec = getattr(_module(te_pytorch, "utils"), FP8_EXEC, None)
+        self._fp8_exec_kinds = set() if self._assert_fp8_exec is None else {
+            kind for kind, name in _MODULE_FILES.items()
+            if _calls(te_pytorch, f"module.{name}", f"{FP8_EXEC}(")}
         self._quantizers: dict[str, Callable[[tuple[int, int]], None]] = {}
         for recipe, module, cls in (("mxfp8", "tensor.mxfp8_tensor", "MXFP8Quantizer"),
                                     ("nvfp4", "tensor.nvfp4_tensor", "NVFP4Quantizer")):
@@ -107,23 +109,30 @@ class TEShapeChecks:
         return out
 
     def _fp8_exec(self, dims: tuple[int, int]) -> None:
-        self._utils.assert_dim_for_fp8_exec(torch.empty(dims, device="meta"))
+        self._assert_fp8_exec(torch.empty(dims, device="meta"))
+
+
+def _module(te_pytorch: Any, name: str) -> Any:
+    try:
+        return importlib.import_module(f"{te_pytorch.__name__}.{name}")
+    except ImportError:
+        return None
 
 
 def _calls(te_pytorch: Any, module: str, text: str) -> bool:
+    found = _module(te_pytorch, module)
     try:
-        source = inspect.getsource(importlib.import_module(f"{te_pytorch.__name__}.{module}"))
-    except (ImportError, OSError, TypeError):
+        return found is not None and text in inspect.getsource(found)
+    except (OSError, TypeError):
         return False
-    return text in source
 
 
 def _python_shape_assert(te_pytorch: Any, module: str, cls: str):
     """A callable running `cls.make_empty`'s own shape assert, where TE's Python has one."""
     try:
-        quantizer_class = getattr(importlib.import_module(f"{te_pytorch.__name__}.{module}"), cls)
+        quantizer_class = getattr(_module(te_pytorch, module), cls)
         source = inspect.getsource(quantizer_class.make_empty)
-    except (ImportError, AttributeError, OSError, TypeError):
+    except (AttributeError, OSError, TypeError):
         return None
     if "Incorrect shape" not in source:
         return None  # this release allocates in C++: its check cannot run here
