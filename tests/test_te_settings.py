@@ -363,12 +363,14 @@ def test_freeze_all_layers_removes_the_loss(write_yaml):
 
 def test_megatron_fsdp_overwrite_is_ignored_before_te_2_9(write_yaml):
     """Megatron-FSDP sets overwrite_main_grad; TE before v2.9 has no such attribute, so a BF16
-    repeated module on Megatron-LM main (None: accumulate) keeps all its gradients."""
+    repeated module on Megatron-LM main (None: accumulate) keeps all its calls' gradients (no
+    QA001), but adds them into the uninitialised bucket of sharded gradients (QA006)."""
     path = write_yaml("fsdp.yaml", REPEATED_MTP + "use_megatron_fsdp: true\n"
                       "data_parallel_sharding_strategy: optim_grads_params\n")
     new = _audit(path, megatron="main")
     old = _audit(path, megatron="main", te="2.8")
-    assert new.exit_code() == 1 and old.exit_code() == 0
+    assert new.exit_code() == 1 and "QA006" not in {f.rule for f in new.findings}
+    assert {f.rule for f in old.findings if f.severity == "error"} == {"QA006"}
     assert max(r.grad_rel_error for r in _rows(new, "mtp.").values()) > 0.1
     assert max(r.grad_rel_error for r in _rows(old, "mtp.").values()) < 1e-5
     assert {r.accumulation for r in _rows(old, "mtp.").values()} == {"accumulate"}
@@ -415,6 +417,41 @@ def test_megatron_fsdp_fp8_layernorm_linear_on_te_2_14_follows_the_flag(write_ya
     assert ("is_first_microbatch=True" in layernorm) is hidden
     assert ("its weight has overwrite_main_grad" in layernorm) is not hidden
     assert "its weight has overwrite_main_grad" in qa001["mtp.layers.0.eh_proj"]
+
+
+FSDP_FP8 = ("num_layers: 2\nhidden_size: 128\nnum_attention_heads: 4\nnum_moe_experts: 4\n"
+            "moe_grouped_gemm: true\nmoe_ffn_hidden_size: 64\nmoe_layer_freq: [0, 1]\n"
+            "fp8: e4m3\nfp8_recipe: tensorwise\nuse_megatron_fsdp: true\n"
+            "data_parallel_sharding_strategy: optim_grads\n")
+
+
+@pytest.mark.parametrize("version, extra, corrupt", [
+    ("2.14.1", "", "layernorm and grouped"),
+    ("2.10.0", "", "layernorm and grouped"),
+    ("2.20.2", "", "none"),  # reads the attribute from the parameter
+    # No such attribute before 2.9: every TE module adds (Megatron 0.19.2 refuses Megatron-FSDP
+    # with fused accumulation before TE 2.10 for this reason).
+    ("2.8.0", "", "every TE module"),
+    ("2.14.1", "fp8_param: true\n", "none"),  # the GEMM's weight is the parameter
+    ("2.14.1", "gradient_accumulation_fusion: false\n", "none"),
+])
+def test_an_fp8_layernorm_linear_adding_into_megatron_fsdps_bucket_is_qa006(write_yaml, version,
+                                                                            extra, corrupt):
+    """No module is repeated here, so QA001 has nothing to say: under sharded gradients the
+    bucket a LayerNormLinear or GroupedLinear adds into on TE 2.9-2.14.1 is uninitialised."""
+    report = audit_files(write_yaml("fsdp.yaml", FSDP_FP8 + extra),
+                         options=AuditOptions(te=version))
+    qa006 = {f.module for f in report.findings if f.rule == "QA006"}
+    expected = {"decoder.layers.0.self_attention.linear_qkv", "decoder.layers.0.mlp.linear_fc1",
+                "decoder.layers.1.self_attention.linear_qkv",
+                "decoder.layers.1.mlp.experts.linear_fc1",
+                "decoder.layers.1.mlp.experts.linear_fc2"}
+    every_te = {r.name for r in report.modules if r.type.startswith("TE")}
+    assert qa006 == {"layernorm and grouped": expected, "none": set(),
+                     "every TE module": every_te}[corrupt]
+    assert len(every_te) > len(expected)
+    assert not any(f.rule == "QA001" for f in report.findings)
+    assert report.exit_code() == (0 if corrupt == "none" else 1)
 
 
 def test_every_format_names_the_te_behaviour(monkeypatch, capsys, write_yaml):

@@ -125,6 +125,8 @@ def resolve_te(spec: str = "auto", search_path: Sequence[str] | None = None) -> 
     if spec == "auto":
         return _installed_or_assumed(search_path)
     version = spec[1:] if spec[:1] in ("v", "V") and spec[1:2].isdigit() else spec
+    if version.endswith(".0") and version.count(".") == 2 and version[:-2] in TE_RELEASES:
+        version = version[:-2]  # 2.10.0 is the release qaudit knows as 2.10
     if version != TE_MAIN and version not in TE_RELEASES:
         if names_a_path(spec):
             return _te_at_path(spec)
