@@ -27,10 +27,14 @@ from qaudit.load.yamlio import YamlList, YamlMap
 # GPTModel constructor arguments a YAML file may carry (Megatron-Bridge provider fields).
 GPT_MODEL_ARGS = ("share_embeddings_and_output_weights", "position_embedding_type",
                   "rotary_percent", "rotary_base", "rope_scaling", "rope_scaling_factor")
+# HybridModel's own arguments that say which layers it builds (megatron/core/models/hybrid/
+# hybrid_model.py); HybridModel resolves the deprecated ones itself.
+HYBRID_MODEL_ARGS = ("hybrid_layer_pattern", "hybrid_override_pattern", "hybrid_attention_ratio",
+                     "hybrid_mlp_ratio")
 # Fields qaudit reads that are not TransformerConfig fields: handled by the builder itself.
 HANDLED_ELSEWHERE = frozenset({"quant_recipe", "vocab_size", "seq_length",
                                "use_megatron_fsdp", "data_parallel_sharding_strategy",
-                               *GPT_MODEL_ARGS})
+                               *GPT_MODEL_ARGS, *HYBRID_MODEL_ARGS})
 
 
 KERNEL_FUSIONS = ("bias_activation_fusion", "masked_softmax_fusion", "persist_layer_norm",
@@ -59,13 +63,15 @@ class UpstreamInput:
     # Megatron-FSDP with optim_grads sharding sets overwrite_main_grad on every parameter;
     # the cross-check's DDP stand-in does the same (qaudit/run/train.py's buffers).
     overwrite_main_grad: bool = False
+    # A hybrid (Mamba) model: HybridModel's pattern arguments (None: a GPTModel).
+    hybrid: dict[str, Any] | None = None
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     if isinstance(value, YamlMap):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, YamlList):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
@@ -103,7 +109,7 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
     """`recipe_file`: the recipe qaudit opened (`--recipe` or `quant_recipe`); `config_fields`:
     the installed TransformerConfig's field names, `mla_fields`: MLATransformerConfig's."""
     mapping = config.source.mapping if config.source else {}
-    written = {key: _plain(value) for key, value in mapping.items()}
+    written = {key: plain(value) for key, value in mapping.items()}
     mla = bool(written.get("multi_latent_attention", False))
     known = mla_fields if mla else config_fields
     kwargs = {key: value for key, value in written.items() if key in known}
@@ -121,6 +127,10 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
         kwargs["gradient_accumulation_fusion"] = written["gradient_accumulation_fusion"]
     # num_layers comes from the config as qaudit resolved it only for hybrid patterns.
     kwargs.setdefault("num_layers", config.num_layers)
+    if config.is_hybrid and config.mtp_num_layers and "mtp_num_layers" in known:
+        # A pattern's MTP depths set mtp_num_layers, as the training command line does
+        # (validate_args; docs/hybrid.md); HybridModel builds MTP only when it is set.
+        kwargs.setdefault("mtp_num_layers", config.mtp_num_layers)
     d = model_dims(config)
     model_kwargs = {
         "vocab_size": d.vocab, "max_sequence_length": d.seq_length,
@@ -133,9 +143,14 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
         # upstream's GPTModel takes one number, and no TE module depends on it: the last
         # (global) one stands in.
         model_kwargs["rotary_base"] = model_kwargs["rotary_base"][-1]
+    hybrid = None
+    if config.is_hybrid:
+        # As written (a Bridge dump's pattern as its provider composes it): HybridModel itself
+        # resolves the deprecated spellings, so qaudit's resolution is checked too.
+        hybrid = {key: written[key] for key in HYBRID_MODEL_ARGS if written.get(key) is not None}
     return UpstreamInput(mla=mla, config_kwargs=kwargs, model_kwargs=model_kwargs,
                          recipe_path=recipe_file, unknown_fields=unknown,
-                         layer_spec=config.layer_spec,
+                         layer_spec=config.layer_spec, hybrid=hybrid,
                          overwrite_main_grad=_fsdp_overwrites(
                              written.get("use_megatron_fsdp", False),
                              written.get("data_parallel_sharding_strategy", "no_shard")))
@@ -224,6 +239,9 @@ def from_arguments(config: ModelConfig, argv: list[str],
         getattr(args, "use_megatron_fsdp", False),
         getattr(args, "data_parallel_sharding_strategy", "no_shard"))
     upstream.config_class = type(upstream_config)
+    pattern = getattr(args, "hybrid_layer_pattern", None)
+    if pattern is not None:  # hybrid_builders.py hands the pattern validate_args resolved
+        upstream.hybrid = {"hybrid_layer_pattern": pattern}
     return upstream, args
 
 
