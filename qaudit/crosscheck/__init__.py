@@ -77,8 +77,6 @@ def _not_built_here(config: "ModelConfig") -> str | None:
     if config.is_hybrid and not _importable("einops"):
         return ("hybrid (Mamba) models: einops is not importable beside Megatron (its Mamba "
                 "mixer needs it to be built: pip install einops)")
-    if config.is_t5:
-        return "encoder-decoder (T5) models: upstream's T5Model is not built by the cross-check yet"
     return None
 
 

@@ -227,6 +227,7 @@ class Chunk:
     bound: dict[str, str]  # chunk-local module name -> recipe config bound
     pre_process: bool
     post_process: bool
+    t5: bool = False  # T5Model's forward takes encoder and decoder inputs
 
 
 class _Group:
@@ -306,6 +307,9 @@ def _build_chunk(classes: dict[str, Any], config: Any, upstream: UpstreamInput, 
         model, bound = _build_hybrid(config, upstream, stage, stages, index, chunks, extra)
         return Chunk(prefix=prefix, stage=stage, index=index, model=model, bound=bound,
                      pre_process=pre, post_process=post)
+    if upstream.t5_encoder_layers is not None:
+        return Chunk(prefix=prefix, stage=stage, index=index, model=_build_t5(config, upstream),
+                     bound={}, pre_process=pre, post_process=post, t5=True)
     with pipeline_rank(stage, stages, index, chunks), \
             _recording_binder(classes["gpt_model"]) as bound:
         # A failure here is the cross-check's, not the input's.
@@ -354,6 +358,31 @@ def _build_hybrid(config: Any, upstream: UpstreamInput, stage: int, stages: int,
                 NotImplementedError) as exc:
             raise Rejected(f"HybridModel: {type(exc).__name__}: {exc}{_where(exc)}") from exc
     return model, bound
+
+
+def _build_t5(config: Any, upstream: UpstreamInput) -> Any:
+    """T5Model as examples/t5/pretrain_t5.py's model_provider builds it: the encoder gets a copy
+    of the config with the encoder's layer count, each block its TE block spec. T5Model has no
+    finish_init walk (megatron/core/models/T5/t5_model.py), so no module binds a recipe config
+    (docs/cross-check.md)."""
+    import copy
+
+    from megatron.core.models.T5 import t5_model, t5_spec
+
+    encoder_config = copy.deepcopy(config)
+    encoder_config.num_layers = upstream.t5_encoder_layers
+    accepted = inspect.signature(t5_model.T5Model).parameters
+    kwargs = {key: value for key, value in upstream.model_kwargs.items() if key in accepted}
+    try:
+        return t5_model.T5Model(
+            config=config, encoder_config=encoder_config,
+            transformer_encoder_layer_spec=t5_spec.get_t5_encoder_with_transformer_engine_block_spec(
+                upstream.t5_encoder_layers),
+            transformer_decoder_layer_spec=t5_spec.get_t5_decoder_with_transformer_engine_block_spec(
+                config.num_layers), **kwargs)
+    except (AssertionError, ValueError, AttributeError, TypeError, ImportError,
+            NotImplementedError) as exc:
+        raise Rejected(f"T5Model: {type(exc).__name__}: {exc}{_where(exc)}") from exc
 
 
 def _share_embedding_copies(chunks: list[Chunk]) -> None:
@@ -421,8 +450,12 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                         chunk.model.set_is_first_microbatch()
                     if not chunk.pre_process:
                         chunk.model.set_input_tensor(hidden)
-                    hidden = chunk.model(tokens, position_ids, None,
-                                         labels=labels if chunk.post_process else None)
+                    if chunk.t5:  # the decoder reads the tokens shifted right, as qaudit's T5
+                        hidden = chunk.model(tokens, torch.roll(tokens, 1, dims=1), None, None,
+                                             None, lm_labels=labels)
+                    else:
+                        hidden = chunk.model(tokens, position_ids, None,
+                                             labels=labels if chunk.post_process else None)
             hidden.float().mean().backward()
             if overwrite_main_grad:
                 for param in params:

@@ -34,7 +34,7 @@ HYBRID_MODEL_ARGS = ("hybrid_layer_pattern", "hybrid_override_pattern", "hybrid_
 # Fields qaudit reads that are not TransformerConfig fields: handled by the builder itself.
 HANDLED_ELSEWHERE = frozenset({"quant_recipe", "vocab_size", "seq_length",
                                "use_megatron_fsdp", "data_parallel_sharding_strategy",
-                               *GPT_MODEL_ARGS, *HYBRID_MODEL_ARGS})
+                               "encoder_num_layers", *GPT_MODEL_ARGS, *HYBRID_MODEL_ARGS})
 
 
 KERNEL_FUSIONS = ("bias_activation_fusion", "masked_softmax_fusion", "persist_layer_norm",
@@ -65,6 +65,8 @@ class UpstreamInput:
     overwrite_main_grad: bool = False
     # A hybrid (Mamba) model: HybridModel's pattern arguments (None: a GPTModel).
     hybrid: dict[str, Any] | None = None
+    # An encoder-decoder (T5) model: the encoder's layer count (None: not T5).
+    t5_encoder_layers: int | None = None
 
 
 def plain(value: Any) -> Any:
@@ -151,6 +153,7 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
     return UpstreamInput(mla=mla, config_kwargs=kwargs, model_kwargs=model_kwargs,
                          recipe_path=recipe_file, unknown_fields=unknown,
                          layer_spec=config.layer_spec, hybrid=hybrid,
+                         t5_encoder_layers=config.encoder_num_layers if config.is_t5 else None,
                          overwrite_main_grad=_fsdp_overwrites(
                              written.get("use_megatron_fsdp", False),
                              written.get("data_parallel_sharding_strategy", "no_shard")))
@@ -242,6 +245,8 @@ def from_arguments(config: ModelConfig, argv: list[str],
     pattern = getattr(args, "hybrid_layer_pattern", None)
     if pattern is not None:  # hybrid_builders.py hands the pattern validate_args resolved
         upstream.hybrid = {"hybrid_layer_pattern": pattern}
+    if config.is_t5:  # (validate_args copies num_layers into encoder_num_layers for any model)
+        upstream.t5_encoder_layers = args.encoder_num_layers
     return upstream, args
 
 

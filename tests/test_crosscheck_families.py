@@ -1,7 +1,8 @@
-"""--cross-check of hybrid (Mamba) models: the CPU stand-ins for mamba_ssm and causal_conv1d
-(qaudit/crosscheck/standin_mamba.py), a small hybrid config against megatron-core 0.19.2's
-HybridModel, TE's activation checkpoint with keyword arguments, and (slow) every hybrid file
-of the corpus, Megatron's and Megatron-Bridge's, read in place."""
+"""--cross-check of the model families beside GPT: hybrid (Mamba) models, with the CPU
+stand-ins for mamba_ssm and causal_conv1d (qaudit/crosscheck/standin_mamba.py), against
+megatron-core 0.19.2's HybridModel; encoder-decoder (T5) models against its T5Model; TE's
+activation checkpoint with keyword arguments; and (slow) every hybrid and T5 file of the
+corpus, Megatron's and Megatron-Bridge's, read in place."""
 
 from __future__ import annotations
 
@@ -211,6 +212,33 @@ def test_without_einops_a_hybrid_model_is_said_not_covered(megatron, monkeypatch
     assert result["modules_compared"] == 0 and "einops" in result["not_covered"][0]
 
 
+# --- T5 ---------------------------------------------------------------------------------------
+
+SMALL_T5 = """\
+model:
+  encoder_num_layers: 2
+  num_layers: 3
+  hidden_size: 256
+  ffn_hidden_size: 512
+  num_attention_heads: 4
+  fp8: e4m3
+  fp8_recipe: tensorwise
+"""
+
+
+def test_small_t5_cross_checks_through_a_training_run(megatron, monkeypatch, capsys, tmp_path):
+    path = tmp_path / "t5.yaml"
+    path.write_text(SMALL_T5)
+    code, report = cross_check(monkeypatch, capsys, str(path))
+    result = report["cross_check"]
+    assert code == 0 and result["ran"] and result["not_covered"] == []
+    names = {row["name"] for row in report["modules"]}
+    assert {"decoder.layers.2.cross_attention.linear_kv", "encoder.layers.1.mlp.linear_fc2",
+            "lm_head.output_layer"} <= names
+    assert result["modules_compared"] == len(report["modules"]) > 0
+    assert result["differences"] == []
+
+
 # --- TE's checkpoint with keyword arguments (selective recompute of mlp in fp8) --------------
 
 
@@ -302,9 +330,22 @@ def _bridge_files() -> list[str]:
     return found
 
 
+T5_FILES = (
+    "functional_tests/t5__t5_11b_mcore_tp4_pp1.yaml",
+    "functional_tests/t5__t5_mcore_te_tp1_pp1_vp1_resume_torch.yaml",
+    "functional_tests/t5__t5_mcore_te_tp2_pp1_vp1.yaml",
+    "functional_tests/t5__t5_mcore_te_tp2_pp1_vp1_sequence_parallel.yaml",
+    "functional_tests/t5__t5_mcore_te_tp4_pp1.yaml",
+    "functional_tests/t5__t5_mcore_te_tp4_pp1_resume_torch_dist.yaml",
+    "functional_tests/t5__t5_release.yaml",
+    "functional_tests/t5__t5_release_sm.yaml",
+)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not CORPUS.is_dir(), reason=f"corpus not found at {CORPUS}")
-@pytest.mark.parametrize("name", [f"megatron/{n}" for n in MEGATRON_FILES] + _bridge_files())
+@pytest.mark.parametrize("name", [f"megatron/{n}" for n in MEGATRON_FILES + T5_FILES]
+                         + _bridge_files())
 def test_hybrid_corpus_file_cross_checks(hybrid_megatron, monkeypatch, capsys, name):
     code, report = cross_check(monkeypatch, capsys, str(CORPUS / name))
     result = report["cross_check"]
