@@ -207,7 +207,9 @@ def modules() -> dict[str, types.ModuleType]:
     varlen = _module("causal_conv1d.causal_conv1d_varlen", doc,
                      causal_conv1d_varlen_states=standin_te._cuda_kernel(
                          "causal_conv1d.causal_conv1d_varlen_states"))
+    # causal_conv1d_update (decode, inference only) is imported by Megatron-LM main's mixer.
     conv = _module("causal_conv1d", doc, causal_conv1d_fn=causal_conv1d_fn,
+                   causal_conv1d_update=standin_te._cuda_kernel("causal_conv1d.causal_conv1d_update"),
                    causal_conv1d_varlen=varlen, __version__=CAUSAL_CONV1D_VERSION)
     return {module.__name__: module for module in (mamba, ops, triton, gated, combined, conv,
                                                    varlen)}
