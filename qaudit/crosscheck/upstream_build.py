@@ -325,6 +325,27 @@ def _build_chunk(classes: dict[str, Any], config: Any, upstream: UpstreamInput, 
                  pre_process=pre, post_process=post)
 
 
+@contextlib.contextmanager
+def _group_answers() -> Iterator[None]:
+    """HybridModel asks torch.distributed for its pipeline rank and size
+    (`select_pipeline_segment`, hybrid_layer_allocation.py): the chunk's `_Group` answers."""
+    import torch.distributed as dist
+
+    get_rank, get_world_size = dist.get_rank, dist.get_world_size
+
+    def rank(group: Any = None) -> int:
+        return group.rank() if isinstance(group, _Group) else get_rank(group)
+
+    def size(group: Any = None) -> int:
+        return group.size() if isinstance(group, _Group) else get_world_size(group)
+
+    dist.get_rank, dist.get_world_size = rank, size
+    try:
+        yield
+    finally:
+        dist.get_rank, dist.get_world_size = get_rank, get_world_size
+
+
 def _seed_rng_tracker(seed: int) -> None:
     """Megatron's model-parallel RNG states, as training's initialization seeds them: the Mamba
     mixer draws its parameters inside `get_cuda_rng_tracker().fork()` (on CPU the tracker's
@@ -348,7 +369,7 @@ def _build_hybrid(config: Any, upstream: UpstreamInput, stage: int, stages: int,
     accepted = inspect.signature(model_class).parameters
     # GPTModel-only arguments (RoPE scaling) change no linear module.
     kwargs = {key: value for key, value in upstream.model_kwargs.items() if key in accepted}
-    with pipeline_rank(stage, stages, index, chunks), \
+    with pipeline_rank(stage, stages, index, chunks), _group_answers(), \
             _recording_binder(classes["hybrid_model"]) as bound:
         spec = hybrid_stack_spec(upstream.layer_spec, config)
         try:

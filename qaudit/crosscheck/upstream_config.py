@@ -99,6 +99,13 @@ def cpu_overrides(config: ModelConfig) -> dict[str, Any]:
     }
     if config.moe_shared_expert_intermediate_size:
         overrides["moe_shared_expert_intermediate_size"] = d.shared_ffn
+    if config.is_hybrid:
+        # The mixer shrunk with the rest (upstream derives its heads from hidden_size when
+        # mamba_num_heads is unset, and asserts heads % groups). The state width is qaudit's
+        # 8 + 2, so that upstream's fp8 check (in_proj width 2*64 + 4*state + 8 a multiple of
+        # 16) passes at the shrunk width as it did at the real one; widths are not compared.
+        overrides.update(mamba_num_heads=d.mamba_heads, mamba_head_dim=d.mamba_head_dim,
+                         mamba_num_groups=d.mamba_groups, mamba_state_dim=d.mamba_state + 2)
     if config.multi_latent_attention:
         overrides.update(q_lora_rank=d.q_lora_rank, kv_lora_rank=d.kv_lora_rank,
                          qk_head_dim=d.qk_head_dim, qk_pos_emb_head_dim=d.qk_pos_emb_head_dim,
