@@ -125,6 +125,16 @@ def _cpu_substitutions(kwargs: dict[str, Any]) -> list[str]:
         notes.append("TE op fuser: run with Megatron's unfused TE modules")
     if kwargs.get("moe_token_dispatcher_type") == "flex":
         kwargs["moe_token_dispatcher_type"] = "alltoall"
+        # The flex backend's own settings go with it: TransformerConfig refuses them without
+        # the flex dispatcher (the `ncclep` backend; a per-rank expert capacity, which needs
+        # hybridep with the op fuser; paged stashing, which needs that capacity).
+        kwargs.pop("moe_flex_dispatcher_backend", None)
+        if kwargs.get("moe_expert_rank_capacity_factor") is not None:
+            kwargs["moe_expert_rank_capacity_factor"] = None
+            if kwargs.get("moe_paged_stash"):
+                kwargs["moe_paged_stash"] = False
+            notes.append("per-rank expert capacity and paged stashing (flex dispatcher only): "
+                         "run without them")
         notes.append("flex token dispatcher (DeepEP/HybridEP, CUDA): run with alltoall")
     return notes
 
