@@ -367,3 +367,17 @@ def test_the_hybrid_selection_covers_the_qa001_files():
     assert any("lightning" in name for name in MEGATRON_FILES)
     assert any("lightning" in name and "bf16" in name for name in bridge)
     assert len(bridge) >= 60
+
+
+def test_the_flex_dispatchers_own_settings_go_with_it_on_cpu(megatron, monkeypatch, capsys,
+                                                             tmp_path):
+    """flex is run as alltoall on CPU: an ncclep backend (which TransformerConfig refuses
+    without flex) must not make Megatron reject the config."""
+    path = tmp_path / "ncclep.yaml"
+    path.write_text("model:\n  num_layers: 2\n  hidden_size: 256\n  num_attention_heads: 4\n"
+                    "  num_moe_experts: 4\n  moe_router_topk: 2\n  moe_grouped_gemm: true\n"
+                    "  moe_token_dispatcher_type: flex\n  moe_flex_dispatcher_backend: ncclep\n")
+    code, report = cross_check(monkeypatch, capsys, str(path))
+    result = report["cross_check"]
+    assert result["ran"] and result["differences"] == [], result["differences"]
+    assert any("alltoall" in note for note in result["not_covered"])
