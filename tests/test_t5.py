@@ -94,7 +94,9 @@ def test_fp8_output_proj_builds_no_te_head(write_yaml):
     assert rows(audit_files(path, options=FAST))["lm_head.output_layer"].type == "ColumnParallelLinear"
 
 
-def test_recipe_matchers_see_encoder_and_cross_attention_names(write_yaml):
+def test_a_recipe_binds_no_t5_module_as_upstream(write_yaml):
+    """megatron-core 0.19.2's T5Model has no finish_init walk: a matcher naming a T5 module
+    binds nothing and the module runs in the global fp8 (what --cross-check showed)."""
     recipe = write_yaml("r.yaml", textwrap.dedent("""\
         configs:
           bf16: {transformer_engine_config_type: TEQuantizationParams,
@@ -105,8 +107,18 @@ def test_recipe_matchers_see_encoder_and_cross_attention_names(write_yaml):
     path = write_yaml("t.yaml", BASE + "encoder_num_layers: 1\nnum_layers: 2\nfp8: e4m3\n"
                                        "fp8_recipe: tensorwise\n")
     by_name = rows(audit_files(path, recipe, options=FAST))
-    assert by_name["decoder.layers.1.cross_attention.linear_kv"].recipe == "bf16"
+    kv = by_name["decoder.layers.1.cross_attention.linear_kv"]
+    assert (kv.recipe, kv.precision) == ("-", "fp8/tensorwise")
     assert by_name["decoder.layers.1.cross_attention.linear_q"].recipe == "-"
+
+
+def test_a_t5_quant_recipe_is_read_no_effect(write_yaml):
+    recipe = write_yaml("r.yaml", "configs: {}\nmatchers: {}\n")
+    path = write_yaml("t.yaml", BASE + "encoder_num_layers: 1\nnum_layers: 2\nfp8: e4m3\n"
+                                       f"quant_recipe: {recipe}\n")
+    config, _ = load_inputs(str(path))
+    notes = [n for n in config.source.notes if n.key == "quant_recipe"]
+    assert notes and notes[0].no_effect and "finish_init" in notes[0].message
 
 
 def test_full_recompute_reruns_decoder_layers_with_the_encoder_output(write_yaml):

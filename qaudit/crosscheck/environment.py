@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
-from qaudit.crosscheck import standin_te
+from qaudit.crosscheck import standin_mamba, standin_te
 from qaudit.errors import EnvironmentProblem
 
 # Megatron modules that import triton unconditionally at their top and that the GPT/MoE build
@@ -121,6 +121,35 @@ def _kernel_module(name: str) -> types.ModuleType:
 
     module.__getattr__ = kernel
     return module
+
+
+def _mamba_standins() -> dict[str, types.ModuleType]:
+    """The CPU stand-ins for mamba_ssm and causal_conv1d (qaudit/crosscheck/standin_mamba.py),
+    each package only where no real one is importable (a real one is never shadowed)."""
+    entries = {}
+    for top in ("mamba_ssm", "causal_conv1d"):
+        if sys.modules.get(top) is standin_mamba.modules()[top] or not _importable(top):
+            entries.update({name: module for name, module in standin_mamba.modules().items()
+                            if name == top or name.startswith(top + ".")})
+    return entries
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def mamba_bound() -> None:
+    """Megatron's Mamba mixer binds mamba_ssm and causal_conv1d when first imported: refuse to
+    build a hybrid model when that happened without them earlier in this process."""
+    mixer = importlib.import_module("megatron.core.ssm.mamba_mixer")
+    if not getattr(mixer, "HAVE_MAMBA_SSM", False) or getattr(mixer, "causal_conv1d_fn",
+                                                              None) is None:
+        raise EnvironmentProblem("--cross-check: Megatron's Mamba mixer was imported without "
+                                 "mamba_ssm or causal_conv1d earlier in this process; run "
+                                 "qaudit in a fresh process")
 
 
 def real_te_available() -> bool:
@@ -321,6 +350,7 @@ def upstream_environment(use_real_te: bool = False, allow_import: bool = False) 
         stubs.update(standin_te.package().modules)
         if importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None:
             stubs["fused_weight_gradient_mlp_cuda"] = _fused_wgrad_module()
+    stubs.update(_mamba_standins())
     stubs.update({name: _kernel_module(name) for name in TRITON_MODULES})
     environment = dict(os.environ)
     os.environ["NO_VCS_VERSION"] = "1"  # package_info.py would run `git rev-parse` otherwise

@@ -416,12 +416,39 @@ class CudaRNGStatesTracker:
 
 
 def checkpoint(function: Callable, *args: Any, distribute_saved_activations: bool = False,
-               get_rng_state_tracker: Any = None, tp_group: Any = None, **kwargs: Any) -> Any:
-    """TE's activation checkpoint: a no-grad forward now, a grad-producing recompute in
-    backward (torch's reentrant checkpoint does exactly that)."""
+               get_rng_state_tracker: Any = None, tp_group: Any = None,
+               use_reentrant: bool = True, **kwargs: Any) -> Any:
+    """TE's activation checkpoint (`distributed.checkpoint`): a no-grad forward now, and in
+    backward a grad-producing recompute under the autocast that was in force at the forward
+    (TE saves and restores it). Torch's reentrant checkpoint does the rest, with two
+    adjustments: it takes positional inputs only, so keyword arguments (Megatron passes
+    `padding_mask=`) are bound to the function; and a parameter the function returns as is
+    (a TE module's bias with return_bias) is handed back outside the checkpoint, since
+    returning it from the checkpoint's autograd Function would make that Function the
+    parameter's grad_fn, and the recompute's backward would then re-enter it without end."""
     import torch.utils.checkpoint as torch_checkpoint
 
-    return torch_checkpoint.checkpoint(function, *args, use_reentrant=True, **kwargs)
+    quant = reference.current_quant()
+    passed_through: dict[int, torch.Tensor] = {}
+
+    def run(*inputs: Any) -> Any:
+        with reference.autocast(quant):
+            out = function(*inputs, **kwargs)
+        items = out if isinstance(out, tuple) else (out,)
+        kept = []
+        for index, item in enumerate(items):
+            if isinstance(item, torch.Tensor) and item.is_leaf and item.requires_grad:
+                passed_through[index] = item
+                item = None
+            kept.append(item)
+        return tuple(kept) if isinstance(out, tuple) else kept[0]
+
+    result = torch_checkpoint.checkpoint(run, *args, use_reentrant=True)
+    if not passed_through:
+        return result
+    if not isinstance(result, tuple):
+        return passed_through[0]
+    return tuple(passed_through.get(index, item) for index, item in enumerate(result))
 
 
 @contextlib.contextmanager

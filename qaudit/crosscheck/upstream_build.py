@@ -51,6 +51,28 @@ def upstream_classes() -> dict[str, Any]:
             "GPTModel": gpt_model.GPTModel, "specs": gpt_layer_specs, "gpt_model": gpt_model}
 
 
+def hybrid_classes() -> dict[str, Any]:
+    """The installed Megatron's HybridModel and its TE stack spec (hybrid_builders.py's
+    `--spec megatron.core.models.hybrid.hybrid_layer_specs hybrid_stack_spec`)."""
+    from megatron.core.models.hybrid import hybrid_layer_specs, hybrid_model
+
+    return {"HybridModel": hybrid_model.HybridModel, "hybrid_model": hybrid_model,
+            "stack_spec": hybrid_layer_specs.hybrid_stack_spec}
+
+
+def hybrid_stack_spec(which: str, config: Any) -> Any:
+    """The TE stack spec, or ModelOpt's (megatron/post_training/model_builder.py, main, with
+    ModelOpt's option defaults)."""
+    if which == "modelopt":
+        from megatron.core.post_training.modelopt.hybrid.model_specs import (
+            get_hybrid_stack_modelopt_spec)
+
+        return _call_with_supported(get_hybrid_stack_modelopt_spec, local_core_attention=False,
+                                    remap_te_layernorm=False, use_default_te_spec=False,
+                                    moe_grouped_gemm=config.moe_grouped_gemm)
+    return hybrid_classes()["stack_spec"]
+
+
 def make_config(upstream: UpstreamInput) -> Any:
     """Upstream's TransformerConfig; its own validation errors are the user's input errors."""
     from megatron.core.quantization.utils import load_quantization_recipe
@@ -69,6 +91,18 @@ def make_config(upstream: UpstreamInput) -> Any:
         return cls(**kwargs)
     except (AssertionError, ValueError, TypeError) as exc:
         raise Rejected(f"{cls.__name__}: {type(exc).__name__}: {exc}") from exc
+
+
+def recipe_config(recipe: Any) -> Any:
+    """qaudit's reading of a serialized RecipeConfig (a Bridge dump's `model.quant_recipe`:
+    qaudit/load/bridge/quant_recipe.py) as upstream's RecipeConfig, matchers in their order."""
+    from megatron.core.quantization.quant_config import GlobMatcher, RecipeConfig
+
+    from qaudit.crosscheck.upstream_config import plain
+
+    return RecipeConfig(matchers=[GlobMatcher(pattern=m.pattern, config_key=m.config)
+                                  for m in recipe.matchers],
+                        config_dict=plain(recipe.configs))
 
 
 def _cpu_substitutions(kwargs: dict[str, Any]) -> list[str]:
@@ -91,6 +125,16 @@ def _cpu_substitutions(kwargs: dict[str, Any]) -> list[str]:
         notes.append("TE op fuser: run with Megatron's unfused TE modules")
     if kwargs.get("moe_token_dispatcher_type") == "flex":
         kwargs["moe_token_dispatcher_type"] = "alltoall"
+        # The flex backend's own settings go with it: TransformerConfig refuses them without
+        # the flex dispatcher (the `ncclep` backend; a per-rank expert capacity, which needs
+        # hybridep with the op fuser; paged stashing, which needs that capacity).
+        kwargs.pop("moe_flex_dispatcher_backend", None)
+        if kwargs.get("moe_expert_rank_capacity_factor") is not None:
+            kwargs["moe_expert_rank_capacity_factor"] = None
+            if kwargs.get("moe_paged_stash"):
+                kwargs["moe_paged_stash"] = False
+            notes.append("per-rank expert capacity and paged stashing (flex dispatcher only): "
+                         "run without them")
         notes.append("flex token dispatcher (DeepEP/HybridEP, CUDA): run with alltoall")
     return notes
 
@@ -193,6 +237,7 @@ class Chunk:
     bound: dict[str, str]  # chunk-local module name -> recipe config bound
     pre_process: bool
     post_process: bool
+    t5: bool = False  # T5Model's forward takes encoder and decoder inputs
 
 
 class _Group:
@@ -237,6 +282,8 @@ def build_model(upstream: UpstreamInput, seed: int = 0) -> tuple[Any, list[Chunk
     stages = config.pipeline_model_parallel_size
     chunks = config.virtual_pipeline_model_parallel_size
     torch.manual_seed(seed)
+    if upstream.hybrid is not None:
+        _seed_rng_tracker(seed)
     built = []
     for index in range(chunks or 1):
         for stage in range(stages):
@@ -266,6 +313,13 @@ def _build_chunk(classes: dict[str, Any], config: Any, upstream: UpstreamInput, 
         extra = {"pre_process": pre, "post_process": post, "vp_stage": vp_stage,
                  "pg_collection": groups}
         where = {"vp_stage": vp_stage, "pp_rank": stage}
+    if upstream.hybrid is not None:
+        model, bound = _build_hybrid(config, upstream, stage, stages, index, chunks, extra)
+        return Chunk(prefix=prefix, stage=stage, index=index, model=model, bound=bound,
+                     pre_process=pre, post_process=post)
+    if upstream.t5_encoder_layers is not None:
+        return Chunk(prefix=prefix, stage=stage, index=index, model=_build_t5(config, upstream),
+                     bound={}, pre_process=pre, post_process=post, t5=True)
     with pipeline_rank(stage, stages, index, chunks), \
             _recording_binder(classes["gpt_model"]) as bound:
         # A failure here is the cross-check's, not the input's.
@@ -279,6 +333,87 @@ def _build_chunk(classes: dict[str, Any], config: Any, upstream: UpstreamInput, 
             raise Rejected(f"GPTModel: {type(exc).__name__}: {exc}{_where(exc)}") from exc
     return Chunk(prefix=prefix, stage=stage, index=index, model=model, bound=bound,
                  pre_process=pre, post_process=post)
+
+
+@contextlib.contextmanager
+def _group_answers() -> Iterator[None]:
+    """HybridModel asks torch.distributed for its pipeline rank and size
+    (`select_pipeline_segment`, hybrid_layer_allocation.py): the chunk's `_Group` answers."""
+    import torch.distributed as dist
+
+    get_rank, get_world_size = dist.get_rank, dist.get_world_size
+
+    def rank(group: Any = None) -> int:
+        return group.rank() if isinstance(group, _Group) else get_rank(group)
+
+    def size(group: Any = None) -> int:
+        return group.size() if isinstance(group, _Group) else get_world_size(group)
+
+    dist.get_rank, dist.get_world_size = rank, size
+    try:
+        yield
+    finally:
+        dist.get_rank, dist.get_world_size = get_rank, get_world_size
+
+
+def _seed_rng_tracker(seed: int) -> None:
+    """Megatron's model-parallel RNG states, as training's initialization seeds them: the Mamba
+    mixer draws its parameters inside `get_cuda_rng_tracker().fork()` (on CPU the tracker's
+    CUDA states are the CPU generator's, environment.py)."""
+    from megatron.core.tensor_parallel import random
+
+    random.get_cuda_rng_tracker().reset()
+    random.model_parallel_cuda_manual_seed(seed)
+    torch.manual_seed(seed)
+
+
+def _build_hybrid(config: Any, upstream: UpstreamInput, stage: int, stages: int, index: int,
+                  chunks: int | None, extra: dict[str, Any]) -> tuple[Any, dict[str, str]]:
+    """One HybridModel chunk, as hybrid_builders.py builds it: the stack spec (whose
+    mtp_block_spec builds the MTP depths from the pattern) and the pattern arguments."""
+    from qaudit.crosscheck.environment import mamba_bound
+
+    classes = hybrid_classes()
+    mamba_bound()
+    model_class = classes["HybridModel"]
+    accepted = inspect.signature(model_class).parameters
+    # GPTModel-only arguments (RoPE scaling) change no linear module.
+    kwargs = {key: value for key, value in upstream.model_kwargs.items() if key in accepted}
+    with pipeline_rank(stage, stages, index, chunks), _group_answers(), \
+            _recording_binder(classes["hybrid_model"]) as bound:
+        spec = hybrid_stack_spec(upstream.layer_spec, config)
+        try:
+            model = model_class(config=config, hybrid_stack_spec=spec, **upstream.hybrid,
+                                **kwargs, **extra)
+        except (AssertionError, ValueError, AttributeError, TypeError, ImportError,
+                NotImplementedError) as exc:
+            raise Rejected(f"HybridModel: {type(exc).__name__}: {exc}{_where(exc)}") from exc
+    return model, bound
+
+
+def _build_t5(config: Any, upstream: UpstreamInput) -> Any:
+    """T5Model as examples/t5/pretrain_t5.py's model_provider builds it: the encoder gets a copy
+    of the config with the encoder's layer count, each block its TE block spec. T5Model has no
+    finish_init walk (megatron/core/models/T5/t5_model.py), so no module binds a recipe config
+    (docs/cross-check.md)."""
+    import copy
+
+    from megatron.core.models.T5 import t5_model, t5_spec
+
+    encoder_config = copy.deepcopy(config)
+    encoder_config.num_layers = upstream.t5_encoder_layers
+    accepted = inspect.signature(t5_model.T5Model).parameters
+    kwargs = {key: value for key, value in upstream.model_kwargs.items() if key in accepted}
+    try:
+        return t5_model.T5Model(
+            config=config, encoder_config=encoder_config,
+            transformer_encoder_layer_spec=t5_spec.get_t5_encoder_with_transformer_engine_block_spec(
+                upstream.t5_encoder_layers),
+            transformer_decoder_layer_spec=t5_spec.get_t5_decoder_with_transformer_engine_block_spec(
+                config.num_layers), **kwargs)
+    except (AssertionError, ValueError, AttributeError, TypeError, ImportError,
+            NotImplementedError) as exc:
+        raise Rejected(f"T5Model: {type(exc).__name__}: {exc}{_where(exc)}") from exc
 
 
 def _share_embedding_copies(chunks: list[Chunk]) -> None:
@@ -346,8 +481,12 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                         chunk.model.set_is_first_microbatch()
                     if not chunk.pre_process:
                         chunk.model.set_input_tensor(hidden)
-                    hidden = chunk.model(tokens, position_ids, None,
-                                         labels=labels if chunk.post_process else None)
+                    if chunk.t5:  # the decoder reads the tokens shifted right, as qaudit's T5
+                        hidden = chunk.model(tokens, torch.roll(tokens, 1, dims=1), None, None,
+                                             None, lm_labels=labels)
+                    else:
+                        hidden = chunk.model(tokens, position_ids, None,
+                                             labels=labels if chunk.post_process else None)
             hidden.float().mean().backward()
             if overwrite_main_grad:
                 for param in params:

@@ -27,10 +27,14 @@ from qaudit.load.yamlio import YamlList, YamlMap
 # GPTModel constructor arguments a YAML file may carry (Megatron-Bridge provider fields).
 GPT_MODEL_ARGS = ("share_embeddings_and_output_weights", "position_embedding_type",
                   "rotary_percent", "rotary_base", "rope_scaling", "rope_scaling_factor")
+# HybridModel's own arguments that say which layers it builds (megatron/core/models/hybrid/
+# hybrid_model.py); HybridModel resolves the deprecated ones itself.
+HYBRID_MODEL_ARGS = ("hybrid_layer_pattern", "hybrid_override_pattern", "hybrid_attention_ratio",
+                     "hybrid_mlp_ratio")
 # Fields qaudit reads that are not TransformerConfig fields: handled by the builder itself.
 HANDLED_ELSEWHERE = frozenset({"quant_recipe", "vocab_size", "seq_length",
                                "use_megatron_fsdp", "data_parallel_sharding_strategy",
-                               *GPT_MODEL_ARGS})
+                               "encoder_num_layers", *GPT_MODEL_ARGS, *HYBRID_MODEL_ARGS})
 
 
 KERNEL_FUSIONS = ("bias_activation_fusion", "masked_softmax_fusion", "persist_layer_norm",
@@ -59,13 +63,17 @@ class UpstreamInput:
     # Megatron-FSDP with optim_grads sharding sets overwrite_main_grad on every parameter;
     # the cross-check's DDP stand-in does the same (qaudit/run/train.py's buffers).
     overwrite_main_grad: bool = False
+    # A hybrid (Mamba) model: HybridModel's pattern arguments (None: a GPTModel).
+    hybrid: dict[str, Any] | None = None
+    # An encoder-decoder (T5) model: the encoder's layer count (None: not T5).
+    t5_encoder_layers: int | None = None
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     if isinstance(value, YamlMap):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, YamlList):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 
@@ -91,6 +99,13 @@ def cpu_overrides(config: ModelConfig) -> dict[str, Any]:
     }
     if config.moe_shared_expert_intermediate_size:
         overrides["moe_shared_expert_intermediate_size"] = d.shared_ffn
+    if config.is_hybrid:
+        # The mixer shrunk with the rest (upstream derives its heads from hidden_size when
+        # mamba_num_heads is unset, and asserts heads % groups). The state width is qaudit's
+        # 8 + 2, so that upstream's fp8 check (in_proj width 2*64 + 4*state + 8 a multiple of
+        # 16) passes at the shrunk width as it did at the real one; widths are not compared.
+        overrides.update(mamba_num_heads=d.mamba_heads, mamba_head_dim=d.mamba_head_dim,
+                         mamba_num_groups=d.mamba_groups, mamba_state_dim=d.mamba_state + 2)
     if config.multi_latent_attention:
         overrides.update(q_lora_rank=d.q_lora_rank, kv_lora_rank=d.kv_lora_rank,
                          qk_head_dim=d.qk_head_dim, qk_pos_emb_head_dim=d.qk_pos_emb_head_dim,
@@ -103,7 +118,7 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
     """`recipe_file`: the recipe qaudit opened (`--recipe` or `quant_recipe`); `config_fields`:
     the installed TransformerConfig's field names, `mla_fields`: MLATransformerConfig's."""
     mapping = config.source.mapping if config.source else {}
-    written = {key: _plain(value) for key, value in mapping.items()}
+    written = {key: plain(value) for key, value in mapping.items()}
     mla = bool(written.get("multi_latent_attention", False))
     known = mla_fields if mla else config_fields
     kwargs = {key: value for key, value in written.items() if key in known}
@@ -121,6 +136,10 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
         kwargs["gradient_accumulation_fusion"] = written["gradient_accumulation_fusion"]
     # num_layers comes from the config as qaudit resolved it only for hybrid patterns.
     kwargs.setdefault("num_layers", config.num_layers)
+    if config.is_hybrid and config.mtp_num_layers and "mtp_num_layers" in known:
+        # A pattern's MTP depths set mtp_num_layers, as the training command line does
+        # (validate_args; docs/hybrid.md); HybridModel builds MTP only when it is set.
+        kwargs.setdefault("mtp_num_layers", config.mtp_num_layers)
     d = model_dims(config)
     model_kwargs = {
         "vocab_size": d.vocab, "max_sequence_length": d.seq_length,
@@ -133,9 +152,15 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
         # upstream's GPTModel takes one number, and no TE module depends on it: the last
         # (global) one stands in.
         model_kwargs["rotary_base"] = model_kwargs["rotary_base"][-1]
+    hybrid = None
+    if config.is_hybrid:
+        # As written (a Bridge dump's pattern as its provider composes it): HybridModel itself
+        # resolves the deprecated spellings, so qaudit's resolution is checked too.
+        hybrid = {key: written[key] for key in HYBRID_MODEL_ARGS if written.get(key) is not None}
     return UpstreamInput(mla=mla, config_kwargs=kwargs, model_kwargs=model_kwargs,
                          recipe_path=recipe_file, unknown_fields=unknown,
-                         layer_spec=config.layer_spec,
+                         layer_spec=config.layer_spec, hybrid=hybrid,
+                         t5_encoder_layers=config.encoder_num_layers if config.is_t5 else None,
                          overwrite_main_grad=_fsdp_overwrites(
                              written.get("use_megatron_fsdp", False),
                              written.get("data_parallel_sharding_strategy", "no_shard")))
@@ -224,6 +249,11 @@ def from_arguments(config: ModelConfig, argv: list[str],
         getattr(args, "use_megatron_fsdp", False),
         getattr(args, "data_parallel_sharding_strategy", "no_shard"))
     upstream.config_class = type(upstream_config)
+    pattern = getattr(args, "hybrid_layer_pattern", None)
+    if pattern is not None:  # hybrid_builders.py hands the pattern validate_args resolved
+        upstream.hybrid = {"hybrid_layer_pattern": pattern}
+    if config.is_t5:  # (validate_args copies num_layers into encoder_num_layers for any model)
+        upstream.t5_encoder_layers = args.encoder_num_layers
     return upstream, args
 
 

@@ -41,6 +41,15 @@ def counts_layers(values: dict[str, Any]) -> bool:
 def resolve(config: ModelConfig, given: set[str]) -> None:
     if config.is_t5 and "share_embeddings_and_output_weights" not in given:
         config.share_embeddings_and_output_weights = False  # T5Model's default, unlike GPT's
+    if config.is_t5 and config.quant_recipe is not None and config.source is not None:
+        from qaudit.load.config import SourceNote
+
+        # T5Model has no finish_init walk: its modules never bind a recipe config (docs/t5.md).
+        config.source.notes.append(SourceNote(
+            "quant_recipe: T5Model binds no module to a recipe config (it has no finish_init "
+            "walk), so the recipe changes no module's precision; the global fp8/fp4 settings "
+            "decide (docs/t5.md)", config.line_of("quant_recipe"), "quant_recipe",
+            no_effect=True))
 
 
 def validate(config: ModelConfig, fail: Callable[[str, str], None]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from qaudit.load.config import ModelConfig
+from qaudit.load.recipe import QuantRecipe
 from qaudit.model import wrappers as w
 from qaudit.plan.dims import Dims
 from qaudit.model.language_model import LanguageModel
@@ -36,6 +37,12 @@ class T5Model(LanguageModel):
         if tied:
             # One stage holds both uses of the weight: Megatron marks it (docs/semantics.md §1.3).
             self.embedding.word_embeddings.weight.zero_out_wgrad = True
+
+    def finish_init(self, recipe: QuantRecipe | None) -> None:
+        """Names only: upstream's T5Model has no finish_init walk (megatron-core 0.19.2,
+        megatron/core/models/T5/t5_model.py), so no module is bound to a recipe config and a
+        quant recipe changes nothing in a T5 model (docs/t5.md; --cross-check showed it)."""
+        super().finish_init(None)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """[batch, seq] tokens -> [seq, batch, hidden]: word plus position embeddings."""
