@@ -64,6 +64,23 @@ def test_a_watched_main_grad_write_reports_its_accumulate_flag(accumulate):
     assert seen == [accumulate]  # reported once per armed backward
 
 
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_a_wgrad_over_no_rows_reports_its_flag_without_reading_operands(accumulate, monkeypatch):
+    """An expert no token reached: D = 0, so main_grad keeps (accumulate) or is cleared
+    (overwrite), the flag is reported, and no operand is decoded."""
+    main_grad = torch.full((5, 3), 7.0)
+    x, g = torch.randn(0, 3), torch.randn(0, 5)
+    reads = []
+    monkeypatch.setattr(kernels.storage, "logical", lambda *a: reads.append(a))
+    seen = []
+    kernels.expect_write([main_grad], seen.append)
+    kernels.generic_gemm(x, False, g, True, main_grad, None, None, None, None, False, None,
+                         False, None, 0, accumulate, False)
+    assert seen == [accumulate]
+    assert torch.equal(main_grad, torch.full((5, 3), 7.0 if accumulate else 0.0))
+    assert reads == []
+
+
 def test_two_pending_backwards_of_one_weight_report_in_order():
     main_grad = torch.zeros(5, 3)
     x, g = torch.randn(4, 3), torch.randn(4, 5)

@@ -24,6 +24,9 @@ from qaudit.runtime.te_rules import weight_cache_use
 
 # Stands for "some quantized ambient context" when only a yes/no is known.
 _ANY_QUANT = Quant("fp8", "any")
+# Sets a plain attribute (never a parameter, buffer or submodule) past nn.Module.__setattr__'s
+# checks: done two or three times per call of every audited module.
+_set_plain = object.__setattr__
 
 
 class AuditedModule(torch.nn.Module):
@@ -48,11 +51,11 @@ class AuditedModule(torch.nn.Module):
                                      self.session.runtime.current_quant(), self.training, ambient,
                                      cache=cache, graph=graph)
         target = inner if inner is not None else self
-        target.wgrad_listener = recorder.listener_for(record)
+        _set_plain(target, "wgrad_listener", recorder.listener_for(record))
         try:
             out = run()
         finally:
-            target.wgrad_listener = None
+            _set_plain(target, "wgrad_listener", None)
         # A runtime that observes TE's weight cache (the te runtime on the CPU stand-in)
         # replaces the rule's answer with what TE did.
         observed = getattr(target, "observed_cache", None)
@@ -120,7 +123,7 @@ class TEWrapper(AuditedModule):
             out = self._record(seen, self.inner,
                                lambda: self.inner(x, *args, is_first_microbatch=flag), ambient,
                                cache=weight_cache_use(seen, primary, skip), graph=graph)
-        self.is_first_microbatch = False
+        _set_plain(self, "is_first_microbatch", False)
         return out
 
     def _graph_replay(self, flag: bool | None, ambient: Quant | None

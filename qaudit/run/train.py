@@ -35,21 +35,24 @@ def delayed_wgrad_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
             if callable(getattr(m, "need_backward_dw", None)) and m.need_backward_dw()]
 
 
-def run_backward_dw(model: torch.nn.Module) -> None:
+def run_backward_dw(model: torch.nn.Module,
+                    modules: list[torch.nn.Module] | None = None) -> None:
     """Run every queued weight-gradient GEMM, one `backward_dw` per queued backward, as
-    Megatron's overlap schedule calls it per layer node and microbatch."""
-    for module in delayed_wgrad_modules(model):
+    Megatron's overlap schedule calls it per layer node and microbatch. `modules`: the
+    model's `delayed_wgrad_modules`, when the caller has them already."""
+    for module in delayed_wgrad_modules(model) if modules is None else modules:
         while len(module.wgrad_store):
             module.backward_dw()
 
 
-def attach_grad_buffers(model: torch.nn.Module, overwrite_main_grad: bool = False
-                        ) -> list[torch.nn.Parameter]:
+def attach_grad_buffers(model: torch.nn.Module, overwrite_main_grad: bool = False,
+                        delayed: list[torch.nn.Module] | None = None) -> list[torch.nn.Parameter]:
+    """`delayed`: the model's `delayed_wgrad_modules`, when the caller has them already."""
     params = [p for p in model.parameters() if p.requires_grad]
     # Megatron DDP (distributed_data_parallel.py): a parameter TE marked
     # skip_backward_post_hook gets the hook through its module's wgrad hooks instead.
     hooked_by_module: set[int] = set()
-    for module in delayed_wgrad_modules(model):
+    for module in delayed_wgrad_modules(model) if delayed is None else delayed:
         for param in module.parameters():
             if param.requires_grad and getattr(param, "skip_backward_post_hook", False):
                 module.register_wgrad_accumulation_and_reduce_hooks(
@@ -110,7 +113,10 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
     """`before_update` sees the step's gradients before the weights change (a pipeline's
     embedding copies sum theirs there)."""
     fsdp = model.config.overwrites_main_grad
-    params = attach_grad_buffers(model, overwrite_main_grad=fsdp)
+    # Which modules delay their wgrad is fixed when they are built: walk the model once,
+    # not after every microbatch.
+    delayed = delayed_wgrad_modules(model)
+    params = attach_grad_buffers(model, overwrite_main_grad=fsdp, delayed=delayed)
     microbatch_step = microbatch_step or _whole_model(model)
     batches = make_batches(model, microbatches, seed)
     model.train()
@@ -124,7 +130,7 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
             if index == 0:
                 model.set_is_first_microbatch()
             microbatch_step(tokens, labels)
-            run_backward_dw(model)
+            run_backward_dw(model, delayed)
             if fsdp:
                 for param in params:
                     param.sharded_grad.add_(param.main_grad)

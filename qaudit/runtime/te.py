@@ -207,15 +207,15 @@ def _pad_rows(x: torch.Tensor, splits: Sequence[int] | None, align: int):
     padded_splits = [m + (-m % align) for m in splits]
     if padded_splits == splits:
         return x, splits, None
-    pieces, keep, offset = [], [], 0
-    for chunk, m, p in zip(torch.split(x, splits), splits, padded_splits):
-        pieces.append(chunk)
-        if p > m:
-            pieces.append(x.new_zeros(p - m, width))
-        keep.append(torch.arange(offset, offset + m, device=x.device))
+    # Where each real row lands among the padded ones, then one scatter and one gather
+    # (not a slice and a zero block per expert: 256 experts made that thousands of ops).
+    rows, offset = [], 0
+    for m, p in zip(splits, padded_splits):
+        rows.extend(range(offset, offset + m))
         offset += p
-    index = torch.cat(keep)
-    return torch.cat(pieces), padded_splits, lambda out: out.index_select(0, index)
+    index = torch.tensor(rows, dtype=torch.long, device=x.device)
+    padded = x.new_zeros(offset, width).index_copy_(0, index, x.reshape(-1, width))
+    return padded, padded_splits, lambda out: out.index_select(0, index)
 
 
 def _run(module: torch.nn.Module, base: Callable, x: torch.Tensor,
@@ -262,13 +262,15 @@ class _WeightCasts:
             return "reuse" if _is_quantized(self.module) else None
         from qaudit.runtime.te_cpu.storage import buffer_addresses
 
-        kept = set()
-        for workspace in getattr(self.module, "_fp8_workspaces", {}).values():
-            kept |= buffer_addresses(workspace)
         cast = set()
         for out in self.outputs:
             cast |= buffer_addresses(out)
-        return "refresh" if cast & kept else "fresh"
+        # Any kept workspace holding a buffer that was cast makes it a refresh: stop at the
+        # first (a grouped module keeps one workspace per expert).
+        for workspace in getattr(self.module, "_fp8_workspaces", {}).values():
+            if not cast.isdisjoint(buffer_addresses(workspace)):
+                return "refresh"
+        return "fresh"
 
 
 def _is_quantized(module: torch.nn.Module) -> bool:
@@ -281,7 +283,17 @@ def _watch_weight_casts(module: torch.nn.Module) -> _WeightCasts:
 
 
 def _weights_of(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    return [p for name, p in module.named_parameters() if name.startswith("weight")]
+    # Asked two or three times per forward; a grouped module has one weight per expert.
+    # Kept per module with the parameter objects it was computed from (so a module whose
+    # parameters are replaced is asked again).
+    params = module._parameters
+    cached = module.__dict__.get("_qaudit_weights")
+    if cached is not None and cached[0] == len(params) and all(
+            params.get(name) is p for name, p in cached[1]):
+        return [p for _, p in cached[1]]
+    named = [(name, p) for name, p in module.named_parameters() if name.startswith("weight")]
+    module.__dict__["_qaudit_weights"] = (len(params), named)
+    return [p for _, p in named]
 
 
 def _observe_wgrad_gemm(out: torch.Tensor, listener: Callable[[str], None],

@@ -36,14 +36,14 @@ _CPU = torch.device("cpu")
 
 
 def _is_cuda_device(device) -> bool:
-    if device is None or device == "cpu" or device is _CPU:
-        return False
-    if isinstance(device, int) and not isinstance(device, bool):
-        return True
-    if isinstance(device, str):
-        return device.startswith("cuda")
-    if isinstance(device, torch.device):
+    # Called on every allocation TE makes: the common cases first, by exact type.
+    kind = type(device)
+    if kind is torch.device:
         return device.type == "cuda"
+    if kind is str:
+        return device.startswith("cuda")
+    if kind is int:
+        return True
     return False
 
 
@@ -58,8 +58,9 @@ _TENSOR_FACTORIES = ("new_empty", "new_zeros", "new_ones", "new_full", "new_tens
 
 def _on_cpu(fn):
     def wrapper(*args, **kwargs):
-        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
-            kwargs["device"] = "cpu"
+        device = kwargs.get("device")
+        if device is not None and _is_cuda_device(device):
+            kwargs["device"] = _CPU
         return fn(*args, **kwargs)
 
     wrapper.__name__ = getattr(fn, "__name__", "factory")
@@ -70,9 +71,10 @@ def _on_cpu(fn):
 def _to_on_cpu(to):
     def wrapper(self, *args, **kwargs):
         if args and _is_cuda_device(args[0]):
-            args = ("cpu", *args[1:])
-        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
-            kwargs["device"] = "cpu"
+            args = (_CPU, *args[1:])
+        device = kwargs.get("device")
+        if device is not None and _is_cuda_device(device):
+            kwargs["device"] = _CPU
         return to(self, *args, **kwargs)
 
     return wrapper

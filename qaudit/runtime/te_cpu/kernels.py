@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
+import math
 import types
 from typing import Callable
 
@@ -215,7 +217,23 @@ def _nominal_dtype(tensor) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
 
 
+def _inner_dim(A, transa: bool) -> int:
+    """The summed-over dimension k of D = op(B) @ op(A), from A's logical shape."""
+    shape = storage.logical_shape(A)
+    if transa:
+        return shape[-1] if shape else 1
+    return math.prod(shape[:-1])
+
+
 def _gemm(A, transa, B, transb, out, quantizer, out_dtype, bias, grad, accumulate):
+    if out is not None and not (bias is not None and bias.numel()) and _inner_dim(A, transa) == 0:
+        # A sum over no rows (an expert's weight gradient when no token reached it): D is
+        # zero, so accumulating adds nothing and overwriting clears. Still reported: which
+        # of the two TE asked for is the decision the audit observes.
+        if not accumulate:
+            out.zero_()
+        _report_write(out, accumulate)
+        return out, None
     a = _operand(A, transa, True)
     b = _operand(B, transb, False)
     d = b @ a
@@ -301,11 +319,32 @@ def create_empty_quantized_tensor(quantizer, shape, dtype, device=None, pin_memo
     declares its buffers, by hand for the delayed-scaling quantizer, which does not."""
     shape = [int(s) for s in shape]
     try:
-        tensors = quantizer.alloc_tensors(shape, device=_CPU)
+        if type(quantizer).alloc_tensors is _base_alloc_tensors():
+            # What TE's Quantizer.alloc_tensors does, with torch's own allocator: the CUDA
+            # pose's device check on every buffer is what cost (docs/performance.md).
+            tensors = {attr: _EMPTY(buffer_shape, dtype=buffer_dtype) for attr, (buffer_shape, buffer_dtype)
+                       in quantizer.inner_tensor_specs(tuple(shape)).items()}
+        else:
+            tensors = quantizer.alloc_tensors(shape, device=_CPU)
         meta = quantizer.create_metadata(shape, dtype=dtype)
     except NotImplementedError:
         return _float8_by_hand(quantizer, shape, dtype)
-    return meta["cls"].__tensor_unflatten__(tensors, meta, shape, None)
+    cls = meta["cls"]
+    if not meta["is_tensor"]:
+        # An internal storage: its constructor with the buffers by keyword, as TE's
+        # __tensor_unflatten__ would call it, without the generic mapping.
+        kwargs = dict(meta["nontensor_kwargs"])
+        for attr, keyword in cls._INNER_TENSORS:
+            kwargs[keyword] = tensors.get(attr)
+        return cls(**kwargs)
+    return cls.__tensor_unflatten__(tensors, meta, shape, None)
+
+
+@functools.cache
+def _base_alloc_tensors():
+    from transformer_engine.pytorch.quantized_tensor import Quantizer
+
+    return Quantizer.alloc_tensors
 
 
 def _float8_by_hand(quantizer, shape, dtype):
@@ -326,6 +365,9 @@ def _float8_by_hand(quantizer, shape, dtype):
 
 
 _CPU = torch.device("cpu")
+# torch.empty itself, not the CUDA pose's wrapper (qaudit/runtime/te_cpu/host.py): the
+# stand-in allocates on the CPU by construction.
+_EMPTY = getattr(torch.empty, "__wrapped__", torch.empty)
 
 
 def _allocate(quantizer, shape, dtype):

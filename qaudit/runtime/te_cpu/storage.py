@@ -16,6 +16,9 @@ NVFP4 is not stood in: `fill` refuses it with one line naming it.
 
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
@@ -38,6 +41,20 @@ def family(quantizer) -> str:
 
 def storage_family(tensor) -> str | None:
     """Which quantized storage `tensor` is (None for a plain tensor)."""
+    # Asked for every GEMM operand and cast: answered once per class (TE's constructors set
+    # every buffer attribute, so all instances of a class look alike).
+    kind = type(tensor)
+    found = _FAMILIES.get(kind, _UNSEEN)
+    if found is _UNSEEN:
+        found = _FAMILIES[kind] = _family_of(tensor)
+    return found
+
+
+_FAMILIES: dict[type, str | None] = {}
+_UNSEEN = object()
+
+
+def _family_of(tensor) -> str | None:
     if isinstance(tensor, torch.Tensor) and not hasattr(tensor, "_quantizer"):
         return None
     if hasattr(tensor, "_transpose") and hasattr(tensor, "_data"):
@@ -51,31 +68,50 @@ def storage_family(tensor) -> str | None:
     return None
 
 
-def _encode(x: torch.Tensor, scale: float | torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
+def _encode(x: torch.Tensor, scale: float, fp8: torch.dtype) -> torch.Tensor:
     limit = FP8_MAX[fp8]
-    return (x.float() * scale).clamp_(-limit, limit).to(fp8).view(torch.uint8)
+    return torch.mul(x, scale).clamp_(-limit, limit).to(fp8).view(torch.uint8)
 
 
-def _decode(data: torch.Tensor, scale_inv: float | torch.Tensor, fp8: torch.dtype) -> torch.Tensor:
-    return data.view(fp8).float() * scale_inv
+def _decode(data: torch.Tensor, scale_inv: float, fp8: torch.dtype) -> torch.Tensor:
+    return data.view(fp8).float().mul_(scale_inv)
 
 
-def _amax(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().abs().amax().float() if x.numel() else torch.zeros((), dtype=torch.float32)
+def _float32(value: float) -> float:
+    """`value` rounded to float32, as TE's kernels hold scales (double rounding through
+    float64 is exact for one division: 53 >= 2 * 24 + 2 bits)."""
+    try:
+        return _F32.unpack(_F32.pack(value))[0]
+    except OverflowError:  # beyond float32's range: infinite, as the kernel's float32 is
+        return math.copysign(math.inf, value)
 
 
-def _current_scale(amax: torch.Tensor, fp8: torch.dtype, pow2: bool, epsilon: float) -> torch.Tensor:
-    amax = torch.clamp(amax, min=epsilon) if epsilon else amax
-    scale = torch.where(amax > 0, FP8_MAX[fp8] / amax, torch.ones_like(amax))
-    if pow2:
-        scale = torch.exp2(torch.floor(torch.log2(scale)))
+def _reciprocal(scale: float) -> float:
+    return 1.0 / scale if scale else math.inf
+
+
+_F32 = struct.Struct("f")
+
+
+def _amax(x: torch.Tensor) -> float:
+    # One reduction pass and one read back: scales are worked out on the host in Python
+    # floats, where a tensor expression per scalar would cost a kernel dispatch each.
+    return float(x.abs().amax()) if x.numel() else 0.0
+
+
+def _current_scale(amax: float, fp8: torch.dtype, pow2: bool, epsilon: float) -> float:
+    if epsilon:
+        amax = max(amax, _float32(epsilon))
+    scale = _float32(FP8_MAX[fp8] / amax) if amax > 0 else 1.0
+    if pow2 and scale != math.inf:
+        mantissa, exponent = math.frexp(scale)  # scale = mantissa * 2**exponent, mantissa in [0.5, 1)
+        scale = math.ldexp(1.0, exponent - 1)
     return scale
 
 
-def _first(buffer: torch.Tensor, default: float = 1.0) -> torch.Tensor:
+def _first(buffer: torch.Tensor, default: float = 1.0) -> float:
     """The one scale the stand-in writes per buffer (an empty tensor has an empty buffer)."""
-    flat = buffer.reshape(-1)
-    return flat[0].float() if flat.numel() else torch.tensor(default)
+    return float(buffer.reshape(-1)[0]) if buffer.numel() else default
 
 
 def _as_2d(x: torch.Tensor) -> torch.Tensor:
@@ -91,6 +127,8 @@ def fill(src: torch.Tensor, quantizer, dst, fp8: torch.dtype) -> None:
     """Quantize `src` into the buffers of `dst`, which `quantizer` allocated."""
     kind = family(quantizer)
     src = src.detach()
+    if src.dtype != torch.float32:
+        src = src.float()
     if src.numel() == 0:  # an expert without tokens: nothing to cast, unit scales
         _fill_empty(dst, kind)
         return
@@ -98,7 +136,7 @@ def fill(src: torch.Tensor, quantizer, dst, fp8: torch.dtype) -> None:
         if type(quantizer).__name__ == "Float8Quantizer":  # delayed: TE holds scale and amax
             scale = _first(quantizer.scale)
             if quantizer.amax.numel():
-                quantizer.amax.reshape(-1)[0:1].copy_(_amax(src))
+                quantizer.amax.reshape(-1)[0:1].fill_(_amax(src))
         else:
             scale = _current_scale(_amax(src), fp8, bool(getattr(quantizer, "force_pow_2_scales", False)),
                                    float(getattr(quantizer, "amax_epsilon", 0.0)))
@@ -108,27 +146,27 @@ def fill(src: torch.Tensor, quantizer, dst, fp8: torch.dtype) -> None:
         if getattr(dst, "_transpose", None) is not None:
             dst._transpose.copy_(_as_2d(data).t().reshape(dst._transpose.shape))
             dst._transpose_invalid = False
-        dst._scale_inv.copy_((1.0 / scale).reshape(()).expand_as(dst._scale_inv))
+        dst._scale_inv.fill_(_reciprocal(scale))
         return
     pow2 = _current_scale(_amax(src), fp8, True, 0.0)
     data = _encode(src, pow2, fp8)
     if kind == "mxfp8":
-        exponent = (127 - torch.log2(pow2)).round().clamp(0, 254).to(torch.uint8)
+        exponent = 0 if pow2 == math.inf else min(max(127 - int(math.log2(pow2)), 0), 254)
         for buffer, scales in ((dst._rowwise_data, dst._rowwise_scale_inv),
                                (dst._columnwise_data, dst._columnwise_scale_inv)):
             if buffer is not None:
                 buffer.copy_(data.reshape(buffer.shape))
-                scales.fill_(int(exponent))
+                scales.fill_(exponent)
         return
     if dst._rowwise_data is not None:
         dst._rowwise_data.copy_(data.reshape(dst._rowwise_data.shape))
-        dst._rowwise_scale_inv.fill_(float(1.0 / pow2))
+        dst._rowwise_scale_inv.fill_(_reciprocal(pow2))
     if dst._columnwise_data is not None:
         columnwise = _as_2d(data)
         if _block_columnwise_transposed(dst):
             columnwise = columnwise.t()
         dst._columnwise_data.copy_(columnwise.reshape(dst._columnwise_data.shape))
-        dst._columnwise_scale_inv.fill_(float(1.0 / pow2))
+        dst._columnwise_scale_inv.fill_(_reciprocal(pow2))
 
 
 def _fill_empty(dst, kind: str) -> None:
@@ -136,7 +174,7 @@ def _fill_empty(dst, kind: str) -> None:
     unit = 127 if kind == "mxfp8" else 1.0  # E8M0 exponent bias: a scale of 1
     for name in names:
         buffer = getattr(dst, name, None)
-        if buffer is not None:
+        if buffer is not None and buffer.numel():
             buffer.fill_(unit)
 
 
@@ -169,7 +207,7 @@ def logical(tensor, usage: str, dtypes) -> torch.Tensor:
     if kind == "mxfp8":
         data, scales = ((columnwise, tensor._columnwise_scale_inv) if use_columnwise
                         else (rowwise, tensor._rowwise_scale_inv))
-        scale_inv = torch.exp2(_first(scales, 127.0) - 127)
+        scale_inv = math.ldexp(1.0, int(_first(scales, 127.0)) - 127)
         return _decode(_as_2d(data), scale_inv, fp8)
     if use_columnwise:
         scale_inv = _first(tensor._columnwise_scale_inv)
