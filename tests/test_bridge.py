@@ -190,6 +190,27 @@ def test_a_value_the_reader_computes_with_is_type_checked_at_its_line(tmp_path, 
     assert caught.value.key == f"{section}.{key}" and caught.value.line is not None
 
 
+def test_mtp_depths_past_the_build_limit_compose_no_pattern(tmp_path):
+    """The fuzz campaign's 2**31 depths had the reader write one pattern copy per depth (out of
+    memory). Counted: the memory the load allocates stays far below what 999,999 copies of the
+    MTP pattern would take (3 MB)."""
+    import tracemalloc
+
+    document = yaml.safe_load(Path(EXAMPLE).read_text())
+    document["model"]["mtp_num_layers"] = 999_999
+    path = tmp_path / "dump.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError) as caught:
+            load_files(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert caught.value.key == "model.mtp_num_layers" and caught.value.line is not None
+    assert peak < 1_500_000
+
+
 # --- the bundled example: verdicts, fusion probe, Bridge-only fields -----------------------
 
 def test_lightning_shaped_example_fails_on_its_mtp_modules(monkeypatch, capsys):

@@ -18,6 +18,7 @@ from qaudit.errors import InputError
 from qaudit.load.bridge import mixed_precision as mp
 from qaudit.load.bridge import sections
 from qaudit.load.bridge.nodes import is_reference, plain, short_name, target_of
+from qaudit.load import config as config_module
 from qaudit.load.config import MODELLED_FIELDS
 from qaudit.load.unmodelled import no_effect_reason
 from qaudit.load.bridge.provider import Provider, classify
@@ -197,8 +198,11 @@ def _compose_mtp_pattern(model: YamlMap, flat: Flat, put, where) -> None:
     if not isinstance(pattern, str) or not isinstance(mtp_pattern, str) or not mtp_pattern:
         return
     depths = _count(model.get("mtp_num_layers"))
-    if depths is None:
-        return  # not a count: the field check names it, with its line
+    if depths is None or depths > config_module.MAX_BUILT_LAYERS:
+        # Not a count, or more depths than qaudit builds: the field and size checks name it
+        # with its line. (Composing first would write one pattern copy per depth: 2**31 of
+        # them exhausted the memory.)
+        return
     copies = max(1, depths) if model.get("mtp_use_repeated_layer") is True else depths
     main = pattern.split("/")[0]
     composed = main + "".join("/" + mtp_pattern for _ in range(copies))
