@@ -378,6 +378,11 @@ SHELL_SHAPES = {  # each under 1 MiB
     "heredoc of 200,000 $A and blanks": "A=x\ncat <<EOF\n" + "$A " * 200_000 + "\nEOF",
     "8,000 heredocs on one line": "cat " + " ".join(f"<<E{i}" for i in range(8000)) + "\n"
                                   + "".join(f"x\nE{i}\n" for i in range(8000)),
+    # Found by the fuzz campaign (seed s26-final, input 7482): tree-sitter's error recovery
+    # after a long pipeline grew past 15 GB.
+    "10,000-stage pipeline, then a syntax error": " | ".join(["cat"] * 10_000) + "\nfoo )",
+    "the same over continuation lines": "cat | \\\n" * 10_000 + "cat\nfoo )",
+    "10,000 |& stages, then a syntax error": " |& ".join(["cat"] * 10_000) + "\nfoo )",
 }
 
 
@@ -414,8 +419,11 @@ def test_script_shapes_are_refused_by_counted_work(body, monkeypatch):
         launch_script_words(text, "train.sh", {})
     assert queries == []
     work = sum((line.count("$") + line.count("<<")) ** 2 for line in text.split("\n"))
+    pipes = len(shell_tree._PIPE.findall(text.encode()))
     if work > shell_tree.MAX_LINE_WORK:
         assert parser.parsed_bytes == 0 and "units of parsing work" in str(refused.value)
+    elif pipes > shell_tree.MAX_PIPES:
+        assert parser.parsed_bytes == 0 and "pipes" in str(refused.value)
     else:
         assert parser.parsed_bytes == len(text.encode())
         assert "100,000 words" in str(refused.value)
@@ -432,6 +440,14 @@ def test_the_parsing_work_bound_leaves_real_scripts_alone(tmp_path):
         pytest.skip("../shared/corpus not present")
     worst = max(shell_tree.Script(p.read_text(), str(p)).prescan_work for p in scripts)
     assert 0 < worst <= shell_tree.MAX_LINE_WORK // 1000
+
+
+def test_a_pipeline_of_1000_stages_is_still_read():
+    from qaudit.load.sources import shell_tree
+
+    script = shell_tree.Script("#!/bin/bash\n" + " | ".join(["cat"] * 1001) + " || true\n",
+                               "t.sh")
+    assert not script.root.has_error
 
 
 def test_a_line_of_1000_expansions_is_still_read():
