@@ -30,8 +30,11 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     copies the module's gradient into the bucket); or keep the module in BF16 with a recipe
     matcher.
     """
+    te_modules = set(facts.te_modules)
     for module, records in facts.records.items():
-        if not facts.overwrite_main_grad.get(module, False):
+        # Megatron's own linears (the output layer) write the bucket under Megatron-FSDP
+        # (`te_general_gemm(..., out=main_grad)`, tensor_parallel/layers.py): TE's are the case.
+        if module not in te_modules or not facts.overwrite_main_grad.get(module, False):
             continue
         adding = [r for r in records if r.grad and r.decision == "accumulate"]
         if not adding:
