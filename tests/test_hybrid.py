@@ -149,6 +149,15 @@ def test_ratios_build_a_pattern(write_yaml):
     assert load_inputs(path)[0].hybrid_layer_pattern == "MM*MM*MM"
 
 
+def test_mtp_depths_beside_ratios_are_refused_at_their_line(write_yaml):
+    """A ratio pattern has no MTP part: mtp_num_layers with it is exit 2 (the fuzz campaign's
+    `hybrid_mlp_ratio: 1` beside a GPT config's MTP depths was an internal error)."""
+    path = write_yaml("r.yaml", BASE + "num_layers: 4\nhybrid_mlp_ratio: 1\nmtp_num_layers: 2\n")
+    with pytest.raises(InputError, match="the pattern hybrid_mlp_ratio makes") as refused:
+        load_inputs(path)
+    assert refused.value.key == "mtp_num_layers" and refused.value.line is not None
+
+
 def test_pipe_segments_are_the_model_chunks(write_yaml):
     path = write_yaml("p.yaml", BASE + "hybrid_layer_pattern: M*M|M-|M*|MMM-\n"
                                        "pipeline_model_parallel_size: 2\n")

@@ -74,7 +74,9 @@ def resolve(config: ModelConfig, given: set[str]) -> None:
             fail(ratio_key, "the ratios need num_layers to allocate layers")
         config.hybrid_layer_pattern = pattern_from_ratios(
             config.num_layers, config.hybrid_attention_ratio, config.hybrid_mlp_ratio)
-        return
+        # On through the pattern's checks: a ratio pattern has no MTP part, so mtp_num_layers
+        # is refused below (building its depths from nothing was an internal error).
+        key = f"the pattern {ratio_key} makes"
     pattern = config.hybrid_pattern()
     if pattern is None:
         return
