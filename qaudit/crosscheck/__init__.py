@@ -74,19 +74,14 @@ def _quiet_megatron() -> Iterator[None]:
 def _not_built_here(config: "ModelConfig") -> str | None:
     """Models the upstream builder does not build yet: said in the report, never compared
     against the wrong upstream class."""
-    if config.is_hybrid and not _importable("einops"):
+    from qaudit.crosscheck.environment import importable
+
+    if config.is_hybrid and not importable("einops"):
         return ("hybrid (Mamba) models: einops is not importable beside Megatron (its Mamba "
                 "mixer needs it to be built: pip install einops)")
     return None
 
 
-def _importable(name: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _upstream_input(config: "ModelConfig", recipe: "QuantRecipe | None",

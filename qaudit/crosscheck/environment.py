@@ -128,13 +128,13 @@ def _mamba_standins() -> dict[str, types.ModuleType]:
     each package only where no real one is importable (a real one is never shadowed)."""
     entries = {}
     for top in ("mamba_ssm", "causal_conv1d"):
-        if sys.modules.get(top) is standin_mamba.modules()[top] or not _importable(top):
+        if sys.modules.get(top) is standin_mamba.modules()[top] or not importable(top):
             entries.update({name: module for name, module in standin_mamba.modules().items()
                             if name == top or name.startswith(top + ".")})
     return entries
 
 
-def _importable(name: str) -> bool:
+def importable(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
