@@ -500,7 +500,8 @@ def test_named_settings_are_warned_where_bridge_keeps_them(tmp_path):
     fsdp = write_dump(tmp_path, "fsdp.yaml", dist={"use_megatron_fsdp": True},
                       ddp={"data_parallel_sharding_strategy": "optim_grads_params"})
     config, _ = load_files(fsdp)
-    assert config.use_megatron_fsdp and config.overwrites_main_grad
+    assert config.use_megatron_fsdp
+    assert config.data_parallel_sharding_strategy == "optim_grads_params"
 
 
 def test_overlap_switches_are_read_with_no_effect_as_on_the_other_routes(tmp_path):

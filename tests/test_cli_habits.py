@@ -37,8 +37,11 @@ def test_h_and_version_and_completion():
 
     # The console script, as a shell would run it (completion is keyed on the program name).
     script = Path(sys.executable).parent / "qaudit"
+    # Typer detects the running shell (shellingham) unless told not to; a job without a shell
+    # among its parents (a detached CI step) detects none, so the shell is named instead.
+    env = {**os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
     shown = subprocess.run([str(script), "--show-completion", "bash"], capture_output=True,
-                           text=True, timeout=600)
+                           text=True, timeout=600, env=env)
     assert shown.returncode == 0, shown.stderr
     assert "complete -o default -F _qaudit_completion qaudit" in shown.stdout
 

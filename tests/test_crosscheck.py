@@ -322,8 +322,40 @@ def test_a_megatron_module_importing_triton_at_its_top_is_served_as_kernels(tmp_
     for name in list(sys.modules):
         if name == "megatron" or name.startswith("megatron."):
             monkeypatch.delitem(sys.modules, name)
-    with environment._triton_kernel_finder():
-        kernels = importlib.import_module("megatron.core.ssm.ops.mamba2.ssd_new")
-        guarded = importlib.import_module("megatron.core.ssm.ops.mamba2.guarded")
+    before = set(sys.modules)
+    try:
+        with environment._triton_kernel_finder():
+            kernels = importlib.import_module("megatron.core.ssm.ops.mamba2.ssd_new")
+            guarded = importlib.import_module("megatron.core.ssm.ops.mamba2.guarded")
+    finally:
+        # The fake package must not outlive the test: a later cross-check's worker would
+        # inherit it in place of the real Megatron.
+        for name in set(sys.modules) - before:
+            if name == "megatron" or name.startswith("megatron."):
+                del sys.modules[name]
     assert getattr(kernels, "__qaudit_standin__", False)
     assert guarded.triton is None  # a guarded import runs as written
+
+
+@pytest.mark.parametrize("strategy", ["no_shard", "optim_grads"])
+def test_megatron_fsdp_output_layer_overwrite_is_megatrons_own_decision(megatron, monkeypatch,
+                                                                         capsys, write_yaml,
+                                                                         strategy):
+    """Under Megatron-FSDP upstream's ColumnParallelLinear writes its wgrad with
+    `te_general_gemm(..., out=main_grad)` (accumulate=False): the stand-in GEMM carries out the
+    arguments upstream passes, and qaudit's row says the same."""
+    path = write_yaml("fsdp.yaml", f"""\
+        num_layers: 2
+        hidden_size: 64
+        num_attention_heads: 4
+        mtp_num_layers: 2
+        use_megatron_fsdp: true
+        data_parallel_sharding_strategy: {strategy}
+        """)
+    code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
+    result = report["cross_check"]
+    assert result["ran"] and result["differences"] == [], result
+    rows = {r["name"]: r for r in report["modules"]}
+    assert rows["output_layer"]["accumulation"] == "overwrite-always"
+    assert code == 1 and any(f["rule"] == "QA001" and f["module"] == "output_layer"
+                             for f in report["findings"])

@@ -47,19 +47,52 @@ def test_qa001_fires_on_repeated_fp8_and_not_per_depth(audit):
     assert "QA001" not in rules_of(audit(BASE + MTP.replace("true", "false") + FP8))
 
 
+def _fsdp(strategy: str) -> str:
+    return f"use_megatron_fsdp: true\ndata_parallel_sharding_strategy: {strategy}\n"
+
+
 def test_qa001_under_megatron_fsdp_overwrite_main_grad(audit):
-    fsdp = "use_megatron_fsdp: true\ndata_parallel_sharding_strategy: optim_grads\n"
-    report = audit(BASE + MTP + fsdp)  # BF16: no flag tracking at all, overwrite anyway
+    report = audit(BASE + MTP + _fsdp("optim_grads"))  # BF16: no flag tracking, overwrite anyway
     failing = {f.module for f in report.findings if f.rule == "QA001"}
-    assert failing and all(m.startswith("mtp.") for m in failing)
-    assert any("overwrite_main_grad" in f.message for f in report.findings if f.rule == "QA001")
+    assert "output_layer" in failing
+    assert all(m.startswith("mtp.") for m in failing - {"output_layer"}) and len(failing) > 1
+    messages = {f.module: f.message for f in report.findings if f.rule == "QA001"}
+    assert any("overwrite_main_grad" in m for k, m in messages.items() if k != "output_layer")
+    assert "Megatron's own linear" in messages["output_layer"]
     rows = {r.name: r for r in report.modules}
     assert rows["decoder.layers.0.mlp.linear_fc1"].accumulation == "overwrite-always"
     assert rows["decoder.layers.0.mlp.linear_fc1"].verdict == "ok"  # one call per microbatch
-    # On main a BF16 config is untracked, so only overwrite_main_grad could overwrite.
-    clean = audit(BASE + MTP + "use_megatron_fsdp: true\ndata_parallel_sharding_strategy: optim\n",
-                  megatron="main")
-    assert "QA001" not in rules_of(clean)
+
+
+def test_megatron_fsdp_output_layer_overwrites_under_every_strategy(audit):
+    """Megatron's own output layer, called once per MTP depth, writes out=main_grad on every
+    backward of a Megatron-FSDP parameter (core/tensor_parallel/layers.py)."""
+    for strategy in ("no_shard", "optim", "optim_grads", "optim_grads_params"):
+        report = audit(BASE + MTP.replace("true", "false") + _fsdp(strategy))
+        rows = {r.name: r for r in report.modules}
+        assert rows["output_layer"].accumulation == "overwrite-always", strategy
+        assert "output_layer" in {f.module for f in report.findings if f.rule == "QA001"}
+    # Without MTP the output layer runs once per microbatch: lost only where the buffer is
+    # kept across microbatches (no_shard, optim).
+    once = {s: {f.module for f in audit(BASE + _fsdp(s)).findings if f.rule == "QA001"}
+            for s in ("no_shard", "optim_grads")}
+    assert once == {"no_shard": {"output_layer"}, "optim_grads": set()}
+    unfused = audit(BASE + MTP.replace("true", "false") + _fsdp("optim_grads_params")
+                    + "gradient_accumulation_fusion: false\n")
+    assert "QA001" not in rules_of(unfused)
+
+
+def test_megatron_fsdp_optim_sharding_overwrites_a_buffer_kept_across_microbatches(audit):
+    """`optim` sets overwrite_main_grad like the gradient-sharding strategies but reduces
+    main_grad only after the last microbatch: each microbatch overwrites the one before."""
+    report = audit(BASE + _fsdp("optim"))
+    failing = {f.module for f in report.findings if f.rule == "QA001"}
+    assert "decoder.layers.0.mlp.linear_fc1" in failing
+    finding = next(f for f in report.findings if f.module == "decoder.layers.0.mlp.linear_fc1")
+    assert "reduces it only after the step's last microbatch" in finding.message
+    assert "data_parallel_sharding_strategy: optim_grads" in finding.fix
+    # One microbatch per step: nothing to lose.
+    assert "QA001" not in rules_of(audit(BASE + _fsdp("optim"), microbatches=1))
 
 
 RECIPE_ONLY_FP8 = "configs:\n" + FP8_CONFIG + \

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
-from qaudit.crosscheck import standin_mamba, standin_te
+from qaudit.crosscheck import standin_gemm, standin_mamba, standin_te
 from qaudit.errors import EnvironmentProblem
 
 # Megatron modules that import triton unconditionally at their top and that the GPT/MoE build
@@ -82,28 +82,11 @@ def _triton_kernel_finder() -> Iterator[None]:
         sys.meta_path.remove(finder)
 
 
-def wgrad_gemm_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor,
-                          main_grad: torch.Tensor) -> None:
-    """APEX's fused wgrad kernel (`fused_weight_gradient_mlp_cuda`): main_grad += dY^T X."""
-    inp = total_input.reshape(-1, total_input.shape[-1])
-    grad = grad_output.reshape(-1, grad_output.shape[-1])
-    main_grad.add_((grad.t() @ inp).to(main_grad.dtype))
-    _fused_wgrad_calls.append(main_grad)
-
-
-# main_grad buffers the fused kernel wrote to, in call order (Megatron's own linears).
-_fused_wgrad_calls: list[torch.Tensor] = []
-
-
-def fused_wgrad_calls() -> list[torch.Tensor]:
-    return _fused_wgrad_calls
-
-
 def _fused_wgrad_module() -> types.ModuleType:
     module = types.ModuleType("fused_weight_gradient_mlp_cuda",
                               "qaudit's pure-PyTorch stand-in for APEX's fused wgrad kernel")
-    module.wgrad_gemm_accum_fp32 = wgrad_gemm_accum_fp32
-    module.wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32
+    module.wgrad_gemm_accum_fp32 = standin_gemm.wgrad_gemm_accum_fp32
+    module.wgrad_gemm_accum_fp16 = standin_gemm.wgrad_gemm_accum_fp32
     module.__qaudit_standin__ = True
     return module
 
@@ -372,7 +355,7 @@ def upstream_environment(use_real_te: bool = False, allow_import: bool = False) 
             if not allow_import:
                 stack.enter_context(_no_custom_factory_imports())
             stack.enter_context(_process_group())
-            _fused_wgrad_calls.clear()
+            standin_gemm.clear_writes()
             yield
     finally:
         os.environ.clear()

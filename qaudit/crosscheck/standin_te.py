@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from qaudit.crosscheck import standin_gemm
 from qaudit.load.precision import Quant
 from qaudit.model.probe import Recorder
 from qaudit.runtime import reference, te_rules
@@ -524,6 +525,8 @@ def _make_modules() -> dict[str, types.ModuleType]:
     module_pkg = _module("transformer_engine.pytorch.module", base=base, Linear=Linear,
                          LayerNormLinear=LayerNormLinear, GroupedLinear=GroupedLinear)
     tensor = _module("transformer_engine.pytorch.tensor", QuantizedTensor=QuantizedTensor)
+    cpp_extensions = _module("transformer_engine.pytorch.cpp_extensions",
+                             general_gemm=standin_gemm.general_gemm)
     router = _module("transformer_engine.pytorch.router", **{
         name: _cuda_kernel(name) for name in (
             "fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss",
@@ -547,13 +550,14 @@ def _make_modules() -> dict[str, types.ModuleType]:
         Fp8Unpadding=Fp8Unpadding, fp8=fp8, fp8_autocast=fp8_autocast,
         fp8_model_init=fp8_model_init, autocast=autocast, quantized_model_init=quantized_model_init,
         distributed=distributed, cpu_offload=cpu_offload, module=module_pkg, tensor=tensor,
-        router=router, attention=attention,
+        router=router, attention=attention, cpp_extensions=cpp_extensions,
         permutation=extra["transformer_engine.pytorch.permutation"],
         cross_entropy=extra["transformer_engine.pytorch.cross_entropy"],
         FP8GlobalStateManager=FP8GlobalStateManager, __version__=VERSION)
     top = _module("transformer_engine", pytorch=pytorch, common=common, __version__=VERSION)
     modules = {m.__name__: m for m in (top, common, recipe, pytorch, fp8, distributed,
-                                       cpu_offload, module_pkg, base, tensor, router,
+                                       cpu_offload, module_pkg, base, tensor,
+                                       cpp_extensions, router,
                                        attention, *extra.values())}
     for name, module in modules.items():
         # Packages need a __path__ for `from transformer_engine.pytorch.x import y` to look

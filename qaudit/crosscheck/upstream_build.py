@@ -23,10 +23,11 @@ from typing import Any, Iterator
 import torch
 
 from qaudit.crosscheck import standin_te
-from qaudit.crosscheck.environment import fused_wgrad_calls
+from qaudit.crosscheck.standin_gemm import output_writes
 from qaudit.crosscheck.facts import BuiltModel, ModuleFacts, will_execute_label
 from qaudit.crosscheck.upstream_config import UpstreamInput
 from qaudit.model.probe import CallRecord
+from qaudit.run.fsdp import NO_FSDP, FsdpGrads
 from qaudit.run.rows import accumulation_of, calls_per_microbatch, precision_of
 from qaudit.run.train import (LEARNING_RATE, attach_grad_buffers, step_gradient,
                           zero_grad_buffer)
@@ -452,13 +453,14 @@ def linear_modules(chunks: list[Chunk]) -> list[tuple[str, torch.nn.Module]]:
 
 def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                  microbatches: int, vocab: int, seq_length: int, seed: int = 0,
-                 overwrite_main_grad: bool = False) -> None:
+                 fsdp: FsdpGrads = NO_FSDP) -> None:
     """qaudit's training loop around upstream's model chunks: re-arm through upstream's own
     set_is_first_microbatch at each step's first microbatch, forward through every chunk in
     order (one process, as qaudit's own pipelined run), backward, update.
-    `overwrite_main_grad`: Megatron-FSDP's buffers (each microbatch's gradient is drained)."""
+    `fsdp`: what Megatron-FSDP sets on the parameters and whether it drains main_grad after
+    every microbatch (qaudit/run/fsdp.py)."""
     modules = torch.nn.ModuleList(chunk.model for chunk in chunks)
-    params = attach_grad_buffers(modules, overwrite_main_grad=overwrite_main_grad)
+    params = attach_grad_buffers(modules, fsdp)
     generator = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(microbatches):
@@ -472,7 +474,7 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
         zero_grad_buffer(params)
         probe.recorder.start_step()
         for index, (tokens, labels) in enumerate(batches):
-            probe.recorder.start_microbatch(buffers_drained=overwrite_main_grad)
+            probe.recorder.start_microbatch(buffers_drained=fsdp.drained_each_backward)
             hidden = None
             for chunk in chunks:
                 with pipeline_rank(chunk.stage, stages, chunk.index,
@@ -488,7 +490,7 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                         hidden = chunk.model(tokens, position_ids, None,
                                              labels=labels if chunk.post_process else None)
             hidden.float().mean().backward()
-            if overwrite_main_grad:
+            if fsdp.drained_each_backward:
                 for param in params:
                     param.sharded_grad.add_(param.main_grad)
                     param.main_grad.zero_()
@@ -566,8 +568,8 @@ def _assign_decisions(records: list[CallRecord], decisions: list[str]) -> None:
 @contextlib.contextmanager
 def observe_mcore_linears(chunks: list[Chunk], probe: standin_te.CallProbe
                           ) -> Iterator[dict[str, list[str]]]:
-    """Record calls of Megatron's own linears (forward pre-hooks) and which of them the fused
-    wgrad kernel accumulated into (by main_grad buffer)."""
+    """Record calls of Megatron's own linears (forward pre-hooks) and how their wgrad GEMMs
+    wrote main_grad (by buffer: APEX's kernel adds; TE's general_gemm as upstream asked)."""
     handles = []
     owners: dict[int, str] = {}
     decisions: dict[str, list[str]] = defaultdict(list)
@@ -589,10 +591,10 @@ def observe_mcore_linears(chunks: list[Chunk], probe: standin_te.CallProbe
             handle.remove()
         params = {id(getattr(p, "main_grad", None)): id(p)
                   for chunk in chunks for p in chunk.model.parameters()}
-        for buffer in fused_wgrad_calls():
+        for buffer, decision in output_writes():
             owner = owners.get(params.get(id(buffer), -1))
             if owner is not None:
-                decisions[owner].append("accumulate")
+                decisions[owner].append(decision)
 
 
 def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: int = 0,
@@ -612,7 +614,7 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
         with standin_te.probing(probe), observe_mcore_linears(chunks, probe) as decisions:
             run_training(chunks, probe, steps, microbatches, upstream.model_kwargs["vocab_size"],
                          upstream.model_kwargs["max_sequence_length"], seed,
-                         upstream.overwrite_main_grad)
+                         upstream.fsdp)
     except standin_te.NotOnCPU as exc:
         # A feature of this config runs a CUDA kernel: compare what was built.
         return BuiltModel(module_facts(chunks, None, {}), ran=False,

@@ -23,6 +23,7 @@ import torch
 from qaudit.load.config import MODELLED_FIELDS, ModelConfig
 from qaudit.plan.dims import model_dims
 from qaudit.load.yamlio import YamlList, YamlMap
+from qaudit.run.fsdp import NO_FSDP, FsdpGrads
 
 # GPTModel constructor arguments a YAML file may carry (Megatron-Bridge provider fields).
 GPT_MODEL_ARGS = ("share_embeddings_and_output_weights", "position_embedding_type",
@@ -60,9 +61,9 @@ class UpstreamInput:
     layer_spec: str = "te"
     # A MODEL_ARGS file's ENV_VARS: the runner's environment during the build and run.
     environment: dict[str, str] = field(default_factory=dict)
-    # Megatron-FSDP with optim_grads sharding sets overwrite_main_grad on every parameter;
-    # the cross-check's DDP stand-in does the same (qaudit/run/train.py's buffers).
-    overwrite_main_grad: bool = False
+    # What Megatron-FSDP sets on every parameter, by strategy (qaudit/run/fsdp.py); the
+    # cross-check's DDP stand-in does the same (qaudit/run/train.py's buffers).
+    fsdp: FsdpGrads = NO_FSDP
     # A hybrid (Mamba) model: HybridModel's pattern arguments (None: a GPTModel).
     hybrid: dict[str, Any] | None = None
     # An encoder-decoder (T5) model: the encoder's layer count (None: not T5).
@@ -161,13 +162,9 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
                          recipe_path=recipe_file, unknown_fields=unknown,
                          layer_spec=config.layer_spec, hybrid=hybrid,
                          t5_encoder_layers=config.encoder_num_layers if config.is_t5 else None,
-                         overwrite_main_grad=_fsdp_overwrites(
+                         fsdp=FsdpGrads.of(
                              written.get("use_megatron_fsdp", False),
                              written.get("data_parallel_sharding_strategy", "no_shard")))
-
-
-def _fsdp_overwrites(fsdp: Any, strategy: Any) -> bool:
-    return bool(fsdp) and strategy in ("optim_grads", "optim_grads_params")
 
 
 def dataclass_fields(cls: type) -> set[str]:
@@ -245,7 +242,7 @@ def from_arguments(config: ModelConfig, argv: list[str],
     upstream.prebuilt_recipe = upstream_config.quant_recipe
     upstream.environment = dict(environment or {})
     upstream.layer_spec = config.layer_spec
-    upstream.overwrite_main_grad = _fsdp_overwrites(
+    upstream.fsdp = FsdpGrads.of(
         getattr(args, "use_megatron_fsdp", False),
         getattr(args, "data_parallel_sharding_strategy", "no_shard"))
     upstream.config_class = type(upstream_config)

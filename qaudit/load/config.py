@@ -83,8 +83,8 @@ class ModelConfig:
     # An explicit layout ("Et*3|(tt|)*6tmL" or the list form): per model chunk, which layers
     # it holds; sets the virtual pipeline size (qaudit/load/pp_layout.py).
     pipeline_model_parallel_layout: str | list | None = None
-    # Megatron-FSDP (DDP config, not TransformerConfig): optim_grads* sharding sets
-    # overwrite_main_grad on the weights (docs/semantics.md §1.3).
+    # Megatron-FSDP (DDP config, not TransformerConfig): what it does to main_grad by
+    # strategy is qaudit/run/fsdp.py (docs/semantics.md §1.5).
     use_megatron_fsdp: bool = False
     data_parallel_sharding_strategy: str = "no_shard"
     # Hybrid (Mamba) models: HybridModel's constructor arguments (the pattern replaces the
@@ -184,11 +184,6 @@ class ModelConfig:
     def where(self, key: str) -> tuple[str | None, int | None]:
         """The file and line that set `key` (an override file, for a Bridge override)."""
         return self.source.where(key) if self.source else (None, None)
-
-    @property
-    def overwrites_main_grad(self) -> bool:
-        return self.use_megatron_fsdp and self.data_parallel_sharding_strategy in (
-            "optim_grads", "optim_grads_params")
 
     def recomputed_layers(self, count: int) -> list[bool]:
         """Per layer of a block of `count`: whole-layer (full) recompute on or off."""

@@ -11,12 +11,14 @@ GEMM runs after the microbatch's backward; `--freeze-all-layers` trains forward-
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
 
 from qaudit.model.gpt import GPTModel
 from qaudit.model.probe import Recorder
+from qaudit.run.fsdp import NO_FSDP, FsdpGrads
 
 LEARNING_RATE = 0.05
 
@@ -45,9 +47,10 @@ def run_backward_dw(model: torch.nn.Module,
             module.backward_dw()
 
 
-def attach_grad_buffers(model: torch.nn.Module, overwrite_main_grad: bool = False,
+def attach_grad_buffers(model: torch.nn.Module, fsdp: FsdpGrads = NO_FSDP,
                         delayed: list[torch.nn.Module] | None = None) -> list[torch.nn.Parameter]:
-    """`delayed`: the model's `delayed_wgrad_modules`, when the caller has them already."""
+    """`fsdp`: what Megatron-FSDP sets on the parameters (qaudit/run/fsdp.py). `delayed`: the
+    model's `delayed_wgrad_modules`, when the caller has them already."""
     params = [p for p in model.parameters() if p.requires_grad]
     # Megatron DDP (distributed_data_parallel.py): a parameter TE marked
     # skip_backward_post_hook gets the hook through its module's wgrad hooks instead.
@@ -63,10 +66,13 @@ def attach_grad_buffers(model: torch.nn.Module, overwrite_main_grad: bool = Fals
         param.grad_added_to_main_grad = False
         if id(param) not in hooked_by_module:
             param.register_post_accumulate_grad_hook(_ddp_hook)
-        if overwrite_main_grad:
-            # Megatron-FSDP (optim_grads sharding): each backward's wgrad replaces main_grad,
-            # which is reduce-scattered into the sharded gradient after every microbatch.
+        if fsdp.fsdp_params:
+            param.__fsdp_param__ = True
+            param.get_main_grad = functools.partial(getattr, param, "main_grad")
+        if fsdp.overwrite_main_grad:
             param.overwrite_main_grad = True
+        if fsdp.drained_each_backward:
+            # Reduce-scattered into the sharded gradient after every microbatch.
             param.sharded_grad = torch.zeros_like(param)
     return params
 
@@ -112,11 +118,12 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
                  before_update: Callable[[list[torch.nn.Parameter]], None] | None = None) -> None:
     """`before_update` sees the step's gradients before the weights change (a pipeline's
     embedding copies sum theirs there)."""
-    fsdp = model.config.overwrites_main_grad
+    config = model.config
+    fsdp = FsdpGrads.of(config.use_megatron_fsdp, config.data_parallel_sharding_strategy)
     # Which modules delay their wgrad is fixed when they are built: walk the model once,
     # not after every microbatch.
     delayed = delayed_wgrad_modules(model)
-    params = attach_grad_buffers(model, overwrite_main_grad=fsdp, delayed=delayed)
+    params = attach_grad_buffers(model, fsdp, delayed=delayed)
     microbatch_step = microbatch_step or _whole_model(model)
     batches = make_batches(model, microbatches, seed)
     model.train()
@@ -126,12 +133,12 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
         zero_grad_buffer(params)
         recorder.start_step()
         for index, (tokens, labels) in enumerate(batches):
-            recorder.start_microbatch(buffers_drained=fsdp)
+            recorder.start_microbatch(buffers_drained=fsdp.drained_each_backward)
             if index == 0:
                 model.set_is_first_microbatch()
             microbatch_step(tokens, labels)
             run_backward_dw(model, delayed)
-            if fsdp:
+            if fsdp.drained_each_backward:
                 for param in params:
                     param.sharded_grad.add_(param.main_grad)
                     param.main_grad.zero_()

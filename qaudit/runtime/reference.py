@@ -429,8 +429,10 @@ class ReferenceRuntime:
 
 def plain_gemm(x: torch.Tensor, weight: torch.Tensor, *, fuse: bool,
                listener: WgradListener | None) -> torch.Tensor:
-    """Megatron's own (non-TE) linear: high precision, and with fusion its wgrad always
-    accumulates into main_grad (it has no is_first_microbatch)."""
+    """Megatron's own (non-TE) linear: high precision, no is_first_microbatch. With fusion its
+    wgrad accumulates into main_grad, except on a Megatron-FSDP parameter, whose buffer it
+    overwrites on every backward (core/tensor_parallel/layers.py; qaudit/run/fsdp.py)."""
+    overwrite = hasattr(weight, "__fsdp_param__")
     meta = {"quant": None, "m_splits": None, "compute_weight": weight.detach(),
-            "plan": WgradPlan(fuse, True), "listener": listener}
+            "plan": WgradPlan(fuse, not overwrite), "listener": listener}
     return gemm(x, weight, meta)

@@ -7,16 +7,22 @@ from typing import Iterable
 from qaudit.load.config import ModelConfig
 from qaudit.model.probe import CallRecord
 from qaudit.judge.rules import AuditFacts, Hit, rule
+from qaudit.run.fsdp import FsdpGrads
 
 
 def _ordinal(n: int) -> str:
     return {1: "first", 2: "second", 3: "third"}.get(n, f"{n}th")
 
 
-def _cause(config: ModelConfig, module: str) -> tuple[str, str | None, int | None]:
-    """The config key that makes this module run more than once, and the file and line that
-    set it (a Bridge override file's, when one did)."""
-    if module.startswith("mtp.") and config.mtp_use_repeated_layer:
+def _cause(config: ModelConfig, module: str, fsdp_loss: bool,
+           repeated: bool) -> tuple[str, str | None, int | None]:
+    """The config key that makes this module lose gradients (run more than once, or
+    Megatron-FSDP), and the file and line that set it (a Bridge override file's, when one
+    did)."""
+    if fsdp_loss:
+        keys = ("mtp_num_layers", "use_megatron_fsdp") if repeated else (
+            "data_parallel_sharding_strategy", "use_megatron_fsdp")
+    elif module.startswith("mtp.") and config.mtp_use_repeated_layer:
         keys = ("mtp_use_repeated_layer", "mtp_num_layers")
     elif module == "output_layer":
         keys = ("fp8_output_proj", "mtp_num_layers")
@@ -29,19 +35,29 @@ def _cause(config: ModelConfig, module: str) -> tuple[str, str | None, int | Non
     return keys[0], config.file, None
 
 
-def _fix(config: ModelConfig, module: str, policy: str, stale: bool, always: bool,
-         high_precision: bool) -> str:
+def _fsdp_fix(config: ModelConfig, module: str, repeated: bool, drained: bool) -> str:
+    """Megatron-FSDP overwrites on every backward: only unfused accumulation (Megatron-FSDP
+    then adds autograd's gradient, which sums every call) or fewer writes per buffer help."""
+    options = []
+    if repeated and module.startswith("mtp.") and config.mtp_use_repeated_layer:
+        options.append("set mtp_use_repeated_layer: false (one MTP layer per depth)")
+    if not repeated and not drained:
+        options.append("set data_parallel_sharding_strategy: optim_grads (main_grad is "
+                       "reduced after every microbatch)")
+    options.append("set gradient_accumulation_fusion: false (Megatron-FSDP then adds the "
+                   "autograd gradient, which sums every call)")
+    return "; or ".join(options)
+
+
+def _fix(config: ModelConfig, module: str, policy: str, stale: bool, high_precision: bool) -> str:
     """The same order whatever the precision: the change to the run, then the Megatron that
     fixes it (when one does), then the workarounds that cost speed or memory."""
-    if always:
-        return ("a module run several times per microbatch cannot use overwrite_main_grad: "
-                "keep its weight out of Megatron-FSDP's optim_grads sharding or untie the repeat")
     options = []
     if module.startswith("mtp.") and config.mtp_use_repeated_layer:
         options.append("set mtp_use_repeated_layer: false (one MTP layer per depth)")
     if module == "output_layer":
-        options.append("set fp8_output_proj: false (Megatron's own output layer always "
-                       "accumulates)")
+        options.append("set fp8_output_proj: false (Megatron's own output layer accumulates "
+                       "outside Megatron-FSDP)")
     if stale:
         options.append("upgrade to Megatron-LM main with PR #6965 (check with --megatron main: "
                        "BF16 configs pass None and accumulate)")
@@ -79,7 +95,11 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     TE decides per call: `is_first_microbatch=True` at a grad-enabled forward means
     "overwrite" in backward; Megatron passes True to the first call after re-arming. With a
     repeated MTP layer the first depth gets True and, since depth 2 consumes depth 1, its
-    backward runs last. `overwrite_main_grad` (Megatron-FSDP) overwrites on every backward.
+    backward runs last. Under Megatron-FSDP every backward overwrites: TE's through the
+    `overwrite_main_grad` it sets (any strategy but `no_shard`), Megatron's own linears (the
+    output layer, which MTP calls once per depth) through `__fsdp_param__` (every strategy).
+    With `no_shard` or `optim` the buffer is reduced only after the last microbatch, so a
+    module run once per microbatch loses the earlier microbatches too (qaudit/run/fsdp.py).
 
     Fixes, in this order for every precision: change the run so the module runs once per
     microbatch (no repeated MTP layer, Megatron's own output layer); use a Megatron that passes
@@ -96,21 +116,36 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
         row = rows[module]
         first = lossy[0]
         same_mb = [r for r in records if r.grad and (r.step, r.microbatch) == (first.step, first.microbatch)]
+        config = facts.config
+        fsdp = FsdpGrads.of(config.use_megatron_fsdp, config.data_parallel_sharding_strategy)
+        repeated = row.calls_per_microbatch > 1
         # The attribute alone is not enough: TE 2.9-2.14's LayerNormLinear and GroupedLinear
         # ignore it under FP8/FP4 (qaudit/plan/upstream/te.py), and then the flag decides.
-        always = facts.overwrite_main_grad.get(module, False) \
-            and row.accumulation == "overwrite-always"
-        if always:
-            why = ("its weight has overwrite_main_grad, so every backward overwrites main_grad "
-                   f"and only the last of the {len(same_mb)} backwards survives")
+        # Megatron's own linears overwrite a Megatron-FSDP parameter's buffer whatever it has.
+        own_linear = module not in facts.te_modules and fsdp.fsdp_params
+        fsdp_loss = row.accumulation == "overwrite-always" and (
+            own_linear or facts.overwrite_main_grad.get(module, False))
+        if fsdp_loss:
+            writer = ("Megatron's own linear writes its wgrad GEMM's output into the "
+                      "Megatron-FSDP parameter's main_grad (out=main_grad, no accumulate)"
+                      if own_linear
+                      else "its weight has overwrite_main_grad (set by Megatron-FSDP)")
+            if fsdp.drained_each_backward:
+                why = (f"{writer}, so every backward overwrites main_grad and only the last of "
+                       f"the {len(same_mb)} backwards of a microbatch survives")
+            else:
+                why = (f"{writer}, so every backward overwrites main_grad, and "
+                       f"data_parallel_sharding_strategy {config.data_parallel_sharding_strategy}"
+                       " reduces it only after the step's last microbatch: only the step's "
+                       "last backward survives")
         else:
             why = (f"call {first.call} gets is_first_microbatch={first.flag}, so its backward "
                    f"(the {_ordinal(first.backward_seq)} of {len(same_mb)}) overwrites main_grad "
                    "and discards what the other calls accumulated")
-        key, file, line = _cause(facts.config, module)
+        key, file, line = _cause(config, module, fsdp_loss, repeated)
         stale = row.tracked == "stale"
         message = (f"{module}: called {row.calls_per_microbatch}x per microbatch; {why}; "
                    f"gradient lost {_when(lossy, steps)} ({key})")
-        yield Hit(module=module, message=message, file=file, line=line,
-                  fix=_fix(facts.config, module, facts.policy.name, stale, always,
-                           row.precision == "bf16"))
+        fix = (_fsdp_fix(config, module, repeated, fsdp.drained_each_backward) if fsdp_loss
+               else _fix(config, module, facts.policy.name, stale, row.precision == "bf16"))
+        yield Hit(module=module, message=message, file=file, line=line, fix=fix)

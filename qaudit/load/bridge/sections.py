@@ -2,7 +2,7 @@
 verdict, and where Bridge puts them on the model.
 
 - `ddp` (Megatron's DistributedDataParallelConfig) and `dist` (Bridge's DistributedInitConfig):
-  Megatron-FSDP and its sharding strategy are modelled (optim_grads* sets overwrite_main_grad);
+  Megatron-FSDP and its sharding strategy are modelled (qaudit/run/fsdp.py);
   FSDP2, overlapped reduction/gathering and buffer reuse are named (QA090).
 - `comm_overlap` (CommOverlapConfig): its `setup()` writes delay_wgrad_compute,
   overlap_moe_expert_parallel_comm, defer_embedding_wgrad_compute and tp_comm_overlap onto the
