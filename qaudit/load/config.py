@@ -38,6 +38,9 @@ class ModelConfig:
     num_moe_experts: int | None = None
     moe_ffn_hidden_size: int | None = None
     moe_shared_expert_intermediate_size: int | None = None
+    # MoE latent projections: experts run at this width between fc1_latent_proj and
+    # fc2_latent_proj (megatron/core/transformer/moe/moe_layer.py).
+    moe_latent_size: int | None = None
     moe_layer_freq: int | list[int] = 1
     moe_grouped_gemm: bool = False
     moe_router_topk: int = 2
@@ -344,6 +347,7 @@ _CHECKS: dict[str, Check] = {
     "num_moe_experts": optional(POSITIVE),
     "moe_ffn_hidden_size": optional(POSITIVE),
     "moe_shared_expert_intermediate_size": optional(POSITIVE),
+    "moe_latent_size": optional(POSITIVE),
     "moe_layer_freq": _layer_freq,
     "moe_grouped_gemm": boolean,
     "moe_router_topk": POSITIVE,

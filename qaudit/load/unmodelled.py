@@ -79,8 +79,6 @@ UNMODELLED: dict[str, Unmodelled] = {
     "use_grouped_gemm_for_dense_mlp": Unmodelled("grouped dense MLPs are not modelled"),
     "moe_single_grouped_weight": Unmodelled("a single grouped expert weight is not modelled"),
     "moe_use_grouped_tensor": Unmodelled("grouped expert tensors are not modelled"),
-    "moe_latent_size": Unmodelled(
-        "MoE latent projections (fc1/fc2_latent_proj) are not modelled"),
     "enable_mhc_connections": Unmodelled("hyper-connections are not modelled"),
     "mhc_recompute_layer_num": Unmodelled("hyper-connection recompute is not modelled"),
     "transformer_impl": Unmodelled("only transformer_engine layers are modelled",

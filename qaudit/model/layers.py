@@ -132,14 +132,16 @@ class MLP(torch.nn.Module):
 
 
 class ExpertMLP(torch.nn.Module):
-    """One sequential expert or the shared experts: column- then row-parallel TE linears."""
+    """One sequential expert or the shared experts: column- then row-parallel TE linears.
+    `model_width`: the tokens' width (the MoE latent size for routed experts, when set)."""
 
-    def __init__(self, b: Builder, hidden_ffn: int) -> None:
+    def __init__(self, b: Builder, hidden_ffn: int, model_width: int | None = None) -> None:
         super().__init__()
         self.gated = b.config.gated_linear_unit
         width = hidden_ffn * (2 if self.gated else 1)
-        self.linear_fc1 = b.column(b.dims.hidden, width)
-        self.linear_fc2 = b.row(hidden_ffn, b.dims.hidden)
+        model_width = model_width or b.dims.hidden
+        self.linear_fc1 = b.column(model_width, width)
+        self.linear_fc2 = b.row(hidden_ffn, model_width)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(_activation(self.linear_fc1(h), self.gated))
@@ -148,13 +150,13 @@ class ExpertMLP(torch.nn.Module):
 class GroupedExperts(torch.nn.Module):
     """TEGroupedMLP: every expert's GEMM in one grouped module per projection."""
 
-    def __init__(self, b: Builder, num_experts: int) -> None:
+    def __init__(self, b: Builder, num_experts: int, model_width: int) -> None:
         super().__init__()
         self.gated = b.config.gated_linear_unit
         width = b.dims.moe_ffn * (2 if self.gated else 1)
-        self.linear_fc1 = b.grouped(w.TEColumnParallelGroupedLinear, num_experts, b.dims.hidden, width)
+        self.linear_fc1 = b.grouped(w.TEColumnParallelGroupedLinear, num_experts, model_width, width)
         self.linear_fc2 = b.grouped(w.TERowParallelGroupedLinear, num_experts, b.dims.moe_ffn,
-                                    b.dims.hidden)
+                                    model_width)
 
     def forward(self, tokens: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
         return self.linear_fc2(_activation(self.linear_fc1(tokens, m_splits), self.gated), m_splits)
@@ -163,9 +165,9 @@ class GroupedExperts(torch.nn.Module):
 class SequentialExperts(torch.nn.Module):
     """SequentialMLP: one TE MLP per local expert, each called once per microbatch."""
 
-    def __init__(self, b: Builder, num_experts: int) -> None:
+    def __init__(self, b: Builder, num_experts: int, model_width: int) -> None:
         super().__init__()
-        self.local_experts = torch.nn.ModuleList(ExpertMLP(b, b.dims.moe_ffn)
+        self.local_experts = torch.nn.ModuleList(ExpertMLP(b, b.dims.moe_ffn, model_width)
                                                  for _ in range(num_experts))
 
     def forward(self, tokens: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
@@ -181,9 +183,18 @@ class MoELayer(torch.nn.Module):
         self.topk = config.moe_router_topk
         self.num_experts = config.num_moe_experts
         self.router = torch.nn.Linear(b.dims.hidden, self.num_experts, bias=False)  # not TE
+        # Latent MoE: routed tokens go down to the latent width before dispatch and back up
+        # after combine, both through TELinear whatever the spec (upstream's moe_layer.py);
+        # the router and the shared experts see the full hidden width.
+        latent = b.dims.moe_latent
+        if latent:
+            self.fc1_latent_proj = b.linear(w.TELinear, b.dims.hidden, latent)
+            self.fc2_latent_proj = b.linear(w.TELinear, latent, b.dims.hidden)
+        self.latent = bool(latent)
         grouped = b.grouped_experts(config.moe_grouped_gemm if grouped is None else grouped)
-        self.experts = (GroupedExperts(b, self.num_experts) if grouped
-                        else SequentialExperts(b, self.num_experts))
+        width = latent or b.dims.hidden
+        self.experts = (GroupedExperts(b, self.num_experts, width) if grouped
+                        else SequentialExperts(b, self.num_experts, width))
         self.shared_experts = ExpertMLP(b, b.dims.shared_ffn) if b.dims.shared_ffn else None
         self.recompute_shared = config.selective_recompute("shared_experts")
         self.runtime = b.session.runtime
@@ -196,8 +207,11 @@ class MoELayer(torch.nn.Module):
         order = torch.argsort(experts.reshape(-1), stable=True)
         token_ids = token_ids[order]
         m_splits = _tokens_per_expert(experts, self.num_experts)
-        expert_out = self.experts(flat[token_ids], m_splits) * probs.reshape(-1)[order, None]
-        out = torch.zeros_like(flat).index_add(0, token_ids, expert_out)
+        routed = self.fc1_latent_proj(flat) if self.latent else flat
+        expert_out = self.experts(routed[token_ids], m_splits) * probs.reshape(-1)[order, None]
+        out = torch.zeros_like(routed).index_add(0, token_ids, expert_out)
+        if self.latent:
+            out = self.fc2_latent_proj(out)
         if self.shared_experts is not None:
             if self.recompute_shared and self.training:
                 out = out + checkpointed(self.shared_experts, self.runtime, flat)

@@ -22,6 +22,7 @@ class Dims:
     moe_ffn: int
     shared_ffn: int
     vocab: int
+    moe_latent: int = 0  # the experts' width between the MoE latent projections (0: none)
     seq_length: int = 8
     micro_batch_size: int = 2
     # Multi-latent attention (0 / None when the model does not use it).
@@ -58,7 +59,7 @@ def model_dims(config: ModelConfig, full_size: bool = False) -> Dims:
                     query_groups=config.num_query_groups, kv_channels=config.kv_channels,
                     ffn=config.ffn_hidden_size, moe_ffn=config.moe_ffn_hidden_size,
                     shared_ffn=config.moe_shared_expert_intermediate_size or 0,
-                    vocab=config.vocab_size or 32000,
+                    vocab=config.vocab_size or 32000, moe_latent=config.moe_latent_size or 0,
                     q_lora_rank=config.q_lora_rank if mla else None,
                     kv_lora_rank=config.kv_lora_rank if mla else 0,
                     qk_head_dim=config.qk_head_dim if mla else 0,
@@ -69,7 +70,7 @@ def model_dims(config: ModelConfig, full_size: bool = False) -> Dims:
     grouped = config.num_query_groups < config.num_attention_heads
     return Dims(hidden=32, heads=2, query_groups=1 if grouped else 2, kv_channels=16, ffn=64,
                 moe_ffn=32, shared_ffn=32 if config.moe_shared_expert_intermediate_size else 0,
-                vocab=64,
+                vocab=64, moe_latent=16 if config.moe_latent_size else 0,
                 # Whether q has its own down-projection changes the module names: keep it.
                 q_lora_rank=(32 if config.q_lora_rank else None) if mla else None,
                 kv_lora_rank=16 if mla else 0, qk_head_dim=16 if mla else 0,

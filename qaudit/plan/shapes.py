@@ -124,14 +124,18 @@ def _widths(leaf: str, path: str, config: ModelConfig, d: Dims, p: Parallel) \
     experts = ".experts." in f".{path}."
     shared = ".shared_experts." in f".{path}."
     ffn = d.moe_ffn if experts else d.shared_ffn if shared else d.ffn
+    # Routed experts run at the MoE latent width when there is one (moe_latent_size).
+    width = (d.moe_latent or d.hidden) if experts else d.hidden
     table = {
         "linear_qkv": (d.hidden, d.qkv_out, COLUMN),
         "linear_proj": ((d.heads * d.v_head_dim if mla else d.heads * d.kv_channels),
                         d.hidden, ROW),
         "linear_q": (d.hidden, d.heads * d.kv_channels, COLUMN),
         "linear_kv": (d.hidden, 2 * d.heads * d.kv_channels, COLUMN),
-        "linear_fc1": (d.hidden, glu * ffn, COLUMN),
-        "linear_fc2": (ffn, d.hidden, ROW),
+        "linear_fc1": (width, glu * ffn, COLUMN),
+        "linear_fc2": (ffn, width, ROW),
+        "fc1_latent_proj": (d.hidden, d.moe_latent, DUPLICATED),
+        "fc2_latent_proj": (d.moe_latent, d.hidden, DUPLICATED),
         "linear_q_down_proj": (d.hidden, d.q_lora_rank or 0, DUPLICATED),
         "linear_q_up_proj": (d.q_lora_rank or 0, d.heads * (d.qk_head_dim + rope), COLUMN),
         "linear_q_proj": (d.hidden, d.heads * (d.qk_head_dim + rope), COLUMN),

@@ -26,10 +26,19 @@ def layer_params(config: ModelConfig, moe: bool) -> int:
                      + heads * config.v_head_dim * h)
     if not moe:
         return attention + h * config.ffn_hidden_size * glu + config.ffn_hidden_size * h
-    expert = h * config.moe_ffn_hidden_size * glu + config.moe_ffn_hidden_size * h
+    return attention + moe_params(config)
+
+
+def moe_params(config: ModelConfig) -> int:
+    """One MoE layer's experts, router, shared experts and latent projections."""
+    h = config.hidden_size
+    glu = 2 if config.gated_linear_unit else 1
+    latent = config.moe_latent_size or 0
+    width = latent or h
+    expert = width * config.moe_ffn_hidden_size * glu + config.moe_ffn_hidden_size * width
     shared = config.moe_shared_expert_intermediate_size or 0
-    return (attention + config.num_moe_experts * expert + h * config.num_moe_experts
-            + h * shared * glu + shared * h)
+    return (config.num_moe_experts * expert + h * config.num_moe_experts
+            + h * shared * glu + shared * h + 2 * h * latent)
 
 
 

@@ -72,6 +72,7 @@ _MODELLED: dict[str, Modelled] = {
     "--num-experts": Modelled("num_moe_experts", to_int),
     "--moe-ffn-hidden-size": Modelled("moe_ffn_hidden_size", to_int),
     "--moe-shared-expert-intermediate-size": Modelled("moe_shared_expert_intermediate_size", to_int),
+    "--moe-latent-size": Modelled("moe_latent_size", to_int),
     "--moe-layer-freq": Modelled("moe_layer_freq", to_layer_freq),
     "--moe-grouped-gemm": Modelled("moe_grouped_gemm"),
     "--moe-router-topk": Modelled("moe_router_topk", to_int),

@@ -43,6 +43,7 @@ FIELD_SINCE: dict[str, str] = {
     "pipeline_model_parallel_layout": "0.13.0",
     "fp4": "0.15.0", "fp4_recipe": "0.15.0",
     "mtp_use_repeated_layer": "0.17.0", "mla_down_proj_fusion": "0.17.0",
+    "moe_latent_size": "0.16.0",
     "fp8_output_proj": "0.18.0",
     # TE settings (docs/te-settings.md).
     "enable_cuda_graph": "0.7.0", "external_cuda_graph": "0.9.0", "cuda_graph_scope": "0.12.0",
