@@ -37,11 +37,17 @@ def _cross_check(te_dir: Path, config: str, *flags: str) -> dict:
     return json.loads(done.stdout)["cross_check"]
 
 
+# Every config on the newest fetched release, the dense BF16 one on the others (about a
+# minute each on a 2-core machine: TE's Python and qaudit's own audit both run).
+CASES = [(te_dir, config) for te_dir in TE_DIRS for config in CONFIGS
+         if te_dir == TE_DIRS[-1] or config == CONFIGS[0]]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not TE_DIRS or not MEGATRON,
                     reason="QAUDIT_TEST_TE_DIRS and QAUDIT_TEST_MEGATRON_CORE not both set")
-@pytest.mark.parametrize("te_dir", TE_DIRS, ids=[p.name for p in TE_DIRS])
-@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize(("te_dir", "config"), CASES,
+                         ids=[f"{d.name}-{c}" for d, c in CASES])
 def test_megatron_on_tes_own_python_matches(te_dir, config):
     result = _cross_check(te_dir, config)
     version = te_dir.name.removeprefix("te-")
