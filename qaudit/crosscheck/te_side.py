@@ -62,7 +62,7 @@ def decide() -> TESide:
     return TESide("te-cpu", version)
 
 
-# Flags TE's modules take, by class: found in each forward's signature (TE's keyword).
+# TE's keyword for the flag, found by binding each call to its forward's signature.
 _FLAG = "is_first_microbatch"
 
 
@@ -90,7 +90,7 @@ def _executed_quant(module: Any, runtime: Any) -> Any:
     return runtime.quant_of(recipe) if recipe is not None else None
 
 
-def _observed(base: type, forward: Any, probe: standin_te.CallProbe, runtime: Any) -> Any:
+def _observed(forward: Any, probe: standin_te.CallProbe, runtime: Any) -> Any:
     from qaudit.runtime.te import _observe_wgrad_gemm
     from qaudit.runtime.te_cpu import kernels
 
@@ -133,7 +133,7 @@ def observing(probe: standin_te.CallProbe) -> Iterator[None]:
     patched = []
     for base in _te_classes():
         forward = base.__dict__["forward"]
-        base.forward = _observed(base, forward, probe, runtime)
+        base.forward = _observed(forward, probe, runtime)
         patched.append((base, forward))
     try:
         yield
