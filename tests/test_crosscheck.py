@@ -272,6 +272,18 @@ def test_the_stand_in_is_gone_after_the_cross_check(megatron, monkeypatch, capsy
     assert not torch.distributed.is_initialized()
 
 
+def test_the_report_names_the_te_megatron_ran_on(megatron, monkeypatch, capsys):
+    """Without TE importable, Megatron's TE is qaudit's stand-in package, and the report says
+    so (with TE's Python importable: tests/test_crosscheck_te_cpu.py)."""
+    code, report, _ = cross_check(monkeypatch, capsys, "configs/gpt-small-bf16.yaml",
+                                  "--policy", "legacy")
+    assert code == 0
+    assert report["cross_check"]["te"].startswith("qaudit's stand-in transformer_engine")
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                  "--cross-check", "--policy", "legacy")
+    assert "Megatron's TE: qaudit's stand-in transformer_engine" in " ".join(out.split())
+
+
 def test_a_real_te_without_cuda_is_never_shadowed(megatron, monkeypatch, capsys):
     monkeypatch.setattr("qaudit.crosscheck.environment.real_te_available", lambda: True)
     code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",

@@ -183,3 +183,15 @@ def test_te_modules_and_checks_match_the_reference(te_dir, tmp_path):
     assert set(bundled) - set(compared) <= {p for p, v in result["configs"].items()
                                             if v.startswith("not run on te")}
     assert not newest or len(compared) - len(bundled) >= 60 or not CORPUS.is_dir()
+
+
+def test_grouped_row_padding_round_trips():
+    """TE's Fp8Padding / Fp8Unpadding kernels (Megatron's grouped experts under a recipe)."""
+    x = torch.randn(5, 3)
+    padded = torch.full((8, 3), 9.0)
+    kernels.fused_multi_row_padding(x, padded, [2, 3], [4, 4])
+    assert torch.equal(padded[:2], x[:2]) and torch.equal(padded[4:7], x[2:])
+    assert not padded[2:4].any() and not padded[7:].any()
+    back = torch.empty(5, 3)
+    kernels.fused_multi_row_unpadding(padded, back, [4, 4], [2, 3])
+    assert torch.equal(back, x)

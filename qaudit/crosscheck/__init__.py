@@ -21,6 +21,7 @@ from qaudit.errors import EnvironmentProblem, InputError, printable
 from qaudit.plan.upstream.detect import MegatronLocation, locate_megatron
 
 if TYPE_CHECKING:
+    from qaudit.crosscheck.te_side import TESide
     from qaudit.run.audit import AuditRun
     from qaudit.run.options import AuditOptions
     from qaudit.load.config import ModelConfig
@@ -35,9 +36,10 @@ class CrossCheck:
     differences: list[Difference]
     ran: bool  # upstream's forward and backward ran (else construction only)
     not_covered: list[str] = field(default_factory=list)  # what the comparison left out, why
+    te: str = ""  # the Transformer Engine Megatron ran on (te_side.TESide.describe)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"megatron": self.megatron, "location": self.location,
+        return {"megatron": self.megatron, "location": self.location, "te": self.te,
                 "modules_compared": self.modules_compared, "ran": self.ran,
                 "not_covered": list(self.not_covered),
                 "differences": [d.to_dict() for d in self.differences]}
@@ -46,7 +48,8 @@ class CrossCheck:
         """The one line the table and Markdown reports print."""
         what = "construction and a 2-step run" if self.ran else "construction only"
         return (f"cross-check: {self.modules_compared} modules compared with Megatron "
-                f"{self.megatron} ({what}): {len(self.differences)} difference(s)")
+                f"{self.megatron} ({what}): {len(self.differences)} difference(s)"
+                + (f"; Megatron's TE: {self.te}" if self.te else ""))
 
 
 def require_megatron() -> MegatronLocation:
@@ -171,7 +174,7 @@ class UpstreamSide:
 
 def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: int,
                   microbatches: int, seed: int, train: bool, allow_import: bool,
-                  real_te: bool, location: MegatronLocation) -> UpstreamSide:
+                  te: "TESide", location: MegatronLocation) -> UpstreamSide:
     """Build (and, with `train`, run) the config with the installed Megatron."""
     import torch
 
@@ -182,8 +185,9 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
     torch.set_num_threads(1)
     side = UpstreamSide()
     try:
-        with _quiet_megatron(), upstream_environment(use_real_te=real_te,
-                                                     allow_import=allow_import):
+        with _quiet_megatron(), upstream_environment(use_real_te=te.kind == "real",
+                                                     allow_import=allow_import,
+                                                     te_on_cpu=te.kind == "te-cpu"):
             upstream = _upstream_input(config, recipe, side.not_covered)
             variant = getattr(upstream, "config_kwargs", {}).get("experimental_attention_variant")
             if isinstance(upstream, str):  # upstream's own argument checks refused it
@@ -194,7 +198,8 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
                 return side
             else:
                 side.built = upstream_build.build_and_run(upstream, steps, microbatches, seed,
-                                                          run=train)
+                                                          run=train,
+                                                          te_on_cpu=te.kind == "te-cpu")
             side.unknown_fields = list(getattr(upstream, "unknown_fields", []))
     except (InputError, EnvironmentProblem, worker.Deadline):
         raise
@@ -222,9 +227,7 @@ class UpstreamBuilder:
                  options: "AuditOptions", location: MegatronLocation) -> None:
         import multiprocessing
 
-        import torch
-
-        from qaudit.crosscheck.environment import real_te_available
+        from qaudit.crosscheck import te_side
 
         self.location = location
         self.not_covered: list[str] = []
@@ -232,20 +235,29 @@ class UpstreamBuilder:
         self.job: worker.ForkedWorker | None = None
         self.limits = worker.WorkerLimits(timeout_s=options.cross_check_timeout,
                                           memory_mib=options.cross_check_memory)
+        # Which TE Megatron runs on (te_side.py): qaudit's stand-in package, TE's own Python
+        # on the CPU kernel stand-in, or a real TE on a GPU. Decided here, in the audit
+        # process, so that a refusal is exit 3 before any work.
+        self.te = te_side.decide()
         if self.unsupported:
             return
+        if self.te.refusal:
+            raise EnvironmentProblem(
+                "--cross-check: a real Transformer Engine is installed but CUDA is not usable "
+                f"here, and {self.te.refusal}; qaudit does not shadow a real TE with its own "
+                "stand-in. Run the cross-check on a machine with a GPU")
         train = not options.evaluation
         if options.evaluation:
             self.not_covered.append("--eval: upstream's model is compared as built, not run")
-        # With a real TE and a GPU, Megatron builds real TE modules. Only the CPU stand-in
-        # records each call, so that build is compared as built (scripts/gpu-check runs it).
-        real_te = real_te_available() and torch.cuda.is_available()
+        real_te = self.te.kind == "real"
+        # With a real TE and a GPU, Megatron builds real TE modules. Only the CPU stand-ins
+        # record each call, so that build is compared as built (scripts/gpu-check runs it).
         if real_te and train:
             train = False
             self.not_covered.append("real Transformer Engine: compared as built (calls are "
                                     "recorded by the CPU stand-in only)")
         self.arguments = (config, recipe, options.steps, options.microbatches, options.seed,
-                          train, options.allow_import, real_te, location)
+                          train, options.allow_import, self.te, location)
         # CUDA cannot be used in a forked child: a GPU build stays in this process.
         if "fork" in multiprocessing.get_all_start_methods() and not real_te:
             self.job = worker.ForkedWorker(upstream_side, self.arguments, self.limits,
@@ -269,7 +281,9 @@ class UpstreamBuilder:
                           rejected=built.rejected, unknown_fields=side.unknown_fields)
 
     def result(self, run: "AuditRun") -> CrossCheck:
-        return cross_check(QauditBuilder(run), self, self.location)
+        result = cross_check(QauditBuilder(run), self, self.location)
+        result.te = self.te.describe()
+        return result
 
     def cancel(self) -> None:
         if self.job is not None:

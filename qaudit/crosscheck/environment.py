@@ -212,9 +212,11 @@ def _eager(function: Any = None, **options: Any) -> Any:
 
 
 def _cpu_cuda_answers() -> contextlib.ExitStack:
-    """torch.cuda questions Megatron asks while building on CPU, answered for a CPU process."""
+    """torch.cuda questions Megatron asks while building on CPU, answered for a CPU process.
+    Also under TE's CPU pose (qaudit/runtime/te_cpu/host.py), which answers TE's questions
+    but not all of Megatron's (RNG state)."""
     stack = contextlib.ExitStack()
-    if torch.cuda.is_available():
+    if _real_cuda():
         return stack
     cpu = torch.device("cpu")
     stack.enter_context(_patched(torch.cuda, "current_device", lambda: cpu))
@@ -291,7 +293,7 @@ def _cpu_megatron_calls() -> contextlib.ExitStack:
     activation recompute saves and restores the CUDA RNG state
     (megatron/core/tensor_parallel/random.py); on CPU the CPU generator's state stands in."""
     stack = contextlib.ExitStack()
-    if torch.cuda.is_available():
+    if _real_cuda():
         return stack
     random = importlib.import_module("megatron.core.tensor_parallel.random")
     if hasattr(random, "_get_cuda_rng_state"):
@@ -319,20 +321,25 @@ def _no_custom_factory_imports() -> contextlib.ExitStack:
 
 
 @contextlib.contextmanager
-def upstream_environment(use_real_te: bool = False, allow_import: bool = False) -> Iterator[None]:
+def upstream_environment(use_real_te: bool = False, allow_import: bool = False,
+                         te_on_cpu: bool = False) -> Iterator[None]:
     """Import the user's Megatron and let it build and train here (see the module docstring).
     `use_real_te`: a real TE and CUDA are there; nothing stands in for TE or CUDA.
+    `te_on_cpu`: TE's own Python, booted on qaudit's CPU kernel stand-in
+    (qaudit/runtime/te_cpu), is Megatron's TE; the rest of CUDA is stood in as without TE.
     `allow_import`: --allow-import, Megatron may import a recipe's custom factory."""
     stubs: dict[str, types.ModuleType] = {}
-    if not use_real_te:
+    if te_on_cpu:
+        _boot_te_on_cpu()
+    elif not use_real_te:
         if real_te_available():
             raise EnvironmentProblem(
                 "--cross-check: a real Transformer Engine is installed but CUDA is not usable "
                 "here; qaudit does not shadow a real TE with its CPU stand-in. Run the "
                 "cross-check on a machine with a GPU")
         stubs.update(standin_te.package().modules)
-        if importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None:
-            stubs["fused_weight_gradient_mlp_cuda"] = _fused_wgrad_module()
+    if not use_real_te and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None:
+        stubs["fused_weight_gradient_mlp_cuda"] = _fused_wgrad_module()
     stubs.update(_mamba_standins())
     stubs.update({name: _kernel_module(name) for name in TRITON_MODULES})
     environment = dict(os.environ)
@@ -350,7 +357,7 @@ def upstream_environment(use_real_te: bool = False, allow_import: bool = False) 
                 # (megatron/core/jit.py, jit_fuser), which imports dynamo and inductor
                 # (seconds); on CPU they run eagerly, and the kernel fusions are off anyway.
                 stack.enter_context(_patched(torch, "compile", _eager))
-            _check_bound_to(use_real_te)
+            _check_bound_to(use_real_te or te_on_cpu)
             stack.enter_context(_cpu_megatron_calls())
             if not allow_import:
                 stack.enter_context(_no_custom_factory_imports())
@@ -362,7 +369,29 @@ def upstream_environment(use_real_te: bool = False, allow_import: bool = False) 
         os.environ.update(environment)
 
 
-def _check_bound_to(use_real_te: bool) -> None:
+def _real_cuda() -> bool:
+    """A CUDA device is really there (TE's CPU pose makes torch.cuda.is_available() say yes)."""
+    from qaudit.runtime.te_cpu import host
+
+    return host.real_cuda_available()
+
+
+def _boot_te_on_cpu() -> None:
+    """TE's Python on qaudit's kernel stand-in, in this (forked worker) process: Megatron's
+    `import transformer_engine` then binds TE's own package."""
+    from qaudit.runtime import te_cpu
+
+    if standin_te.installed_standin():
+        raise EnvironmentProblem("--cross-check: qaudit's stand-in TE was imported earlier in "
+                                 "this process; run qaudit in a fresh process")
+    try:
+        te_cpu.boot()
+    except ImportError as exc:
+        raise EnvironmentProblem(f"--cross-check: Transformer Engine does not boot on the "
+                                 f"{te_cpu.STAND_IN}: {exc}") from None
+
+
+def _check_bound_to(real_te: bool) -> None:
     """Megatron binds `transformer_engine` when its TE extension is first imported: refuse to
     build when that happened with another TE than the one this build needs."""
     module = importlib.import_module("megatron.core.extensions.transformer_engine")
@@ -370,6 +399,6 @@ def _check_bound_to(use_real_te: bool) -> None:
     if not getattr(module, "HAVE_TE", False):
         raise EnvironmentProblem("--cross-check: Megatron was imported without Transformer "
                                  "Engine earlier in this process; run qaudit in a fresh process")
-    if standin_te.is_standin(bound) == use_real_te:
+    if standin_te.is_standin(bound) == real_te:
         raise EnvironmentProblem("--cross-check: Megatron was imported with another Transformer "
                                  "Engine earlier in this process; run qaudit in a fresh process")

@@ -27,6 +27,12 @@ def clear_writes() -> None:
     _writes.clear()
 
 
+def record_write(out: torch.Tensor | None, accumulate: bool) -> None:
+    """A GEMM that is not a stand-in (TE's own, on the te-cpu side) wrote `out`."""
+    if out is not None:
+        _writes.append((out, "accumulate" if accumulate else "overwrite"))
+
+
 def _two_dims(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1, tensor.shape[-1])
 
@@ -62,5 +68,5 @@ def general_gemm(A: torch.Tensor, B: torch.Tensor, out_dtype: torch.dtype | None
         out.add_(result.to(out.dtype))
     else:
         out.copy_(result.to(out.dtype))
-    _writes.append((out, "accumulate" if accumulate else "overwrite"))
+    record_write(out, accumulate)
     return out, bias_grad, None, None

@@ -22,12 +22,13 @@ from typing import Any, Iterator
 
 import torch
 
-from qaudit.crosscheck import standin_te
+from qaudit.crosscheck import standin_te, te_side
 from qaudit.crosscheck.standin_gemm import output_writes
 from qaudit.crosscheck.facts import BuiltModel, ModuleFacts, will_execute_label
 from qaudit.crosscheck.upstream_config import UpstreamInput
 from qaudit.model.probe import CallRecord
 from qaudit.run.fsdp import NO_FSDP, FsdpGrads
+from qaudit.runtime.te_cpu.storage import NotStoodIn
 from qaudit.run.rows import accumulation_of, calls_per_microbatch, precision_of
 from qaudit.run.train import (LEARNING_RATE, attach_grad_buffers, step_gradient,
                           zero_grad_buffer)
@@ -598,7 +599,9 @@ def observe_mcore_linears(chunks: list[Chunk], probe: standin_te.CallProbe
 
 
 def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: int = 0,
-                  run: bool = True) -> BuiltModel:
+                  run: bool = True, te_on_cpu: bool = False) -> BuiltModel:
+    """`te_on_cpu`: Megatron's TE is TE's own Python on the CPU kernel stand-in; its modules'
+    calls are recorded at TE's own forwards (te_side.observing) instead of by standin_te."""
     # upstream_environment restores os.environ afterwards.
     os.environ.update(upstream.environment)
     try:
@@ -611,7 +614,8 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
     probe = standin_te.CallProbe()
     probe.names = {id(module): name for name, module in linear_modules(chunks)}
     try:
-        with standin_te.probing(probe), observe_mcore_linears(chunks, probe) as decisions:
+        observed = te_side.observing(probe) if te_on_cpu else standin_te.probing(probe)
+        with observed, observe_mcore_linears(chunks, probe) as decisions:
             run_training(chunks, probe, steps, microbatches, upstream.model_kwargs["vocab_size"],
                          upstream.model_kwargs["max_sequence_length"], seed,
                          upstream.fsdp)
@@ -619,6 +623,11 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
         # A feature of this config runs a CUDA kernel: compare what was built.
         return BuiltModel(module_facts(chunks, None, {}), ran=False,
                              notes=notes + [f"the training run needs {exc}; compared as built"])
+    except NotStoodIn as exc:
+        # TE's own Python called a kernel the CPU kernel stand-in does not provide.
+        return BuiltModel(module_facts(chunks, None, {}), ran=False, notes=notes + [
+            f"the training run on TE's own Python stopped: {_one_line(str(exc), 200)}"
+            f"{_where(exc)}; compared as built"])
     except (RuntimeError, AssertionError, ValueError, TypeError, AttributeError,
             IndexError) as exc:
         # Upstream's forward or backward failed here (the note names its line): what was built

@@ -500,6 +500,31 @@ def _rms_eps(xf: torch.Tensor, r: torch.Tensor) -> float:
     return max(float(1.0 / (rr * rr) - ms), 0.0)
 
 
+# -- grouped rows ------------------------------------------------------------------------------------
+
+def _row_blocks(rows_in, rows_out):
+    """(source start, destination start, rows copied, destination block end) per group."""
+    src = dst = 0
+    for m_in, m_out in zip(rows_in, rows_out):
+        m_in, m_out = int(m_in), int(m_out)
+        yield src, dst, min(m_in, m_out), dst + m_out
+        src, dst = src + m_in, dst + m_out
+
+
+def fused_multi_row_padding(inp, out, m_splits, padded_m_splits):
+    """TE's Fp8Padding (Megatron's grouped experts under a quantized recipe): each group's
+    rows, then zero rows up to its padded count."""
+    for src, dst, rows, end in _row_blocks(m_splits, padded_m_splits):
+        out[dst:dst + rows].copy_(inp[src:src + rows])
+        out[dst + rows:end].zero_()
+
+
+def fused_multi_row_unpadding(inp, out, padded_m_splits, m_splits):
+    """The inverse: each group's first rows, its padding dropped."""
+    for src, dst, rows, _ in _row_blocks(padded_m_splits, m_splits):
+        out[dst:dst + rows].copy_(inp[src:src + rows])
+
+
 # -- the module --------------------------------------------------------------------------------------
 
 ENTRY_POINTS = {
@@ -516,6 +541,8 @@ ENTRY_POINTS = {
     "layernorm_bwd": layernorm_bwd,
     "rmsnorm_fwd": rmsnorm_fwd,
     "rmsnorm_bwd": rmsnorm_bwd,
+    "fused_multi_row_padding": fused_multi_row_padding,
+    "fused_multi_row_unpadding": fused_multi_row_unpadding,
 }
 CONSTANTS = {
     "get_cublasLt_version": lambda: 120800,  # below TE's grouped-tensor GEMM threshold
