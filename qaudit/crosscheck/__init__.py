@@ -44,13 +44,6 @@ class CrossCheck:
                 "not_covered": list(self.not_covered),
                 "differences": [d.to_dict() for d in self.differences]}
 
-    def summary(self) -> str:
-        """The one line the table and Markdown reports print."""
-        what = "construction and a 2-step run" if self.ran else "construction only"
-        return (f"cross-check: {self.modules_compared} modules compared with Megatron "
-                f"{self.megatron} ({what}): {len(self.differences)} difference(s)"
-                + (f"; Megatron's TE: {self.te}" if self.te else ""))
-
 
 def require_megatron() -> MegatronLocation:
     """The Megatron on sys.path, or exit 2 (before any audit work) saying there is none."""
@@ -185,9 +178,7 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
     torch.set_num_threads(1)
     side = UpstreamSide()
     try:
-        with _quiet_megatron(), upstream_environment(use_real_te=te.kind == "real",
-                                                     allow_import=allow_import,
-                                                     te_on_cpu=te.kind == "te-cpu"):
+        with _quiet_megatron(), upstream_environment(te, allow_import=allow_import):
             upstream = _upstream_input(config, recipe, side.not_covered)
             variant = getattr(upstream, "config_kwargs", {}).get("experimental_attention_variant")
             if isinstance(upstream, str):  # upstream's own argument checks refused it

@@ -19,12 +19,15 @@ import os
 import sys
 import types
 import warnings
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
 from qaudit.crosscheck import standin_gemm, standin_mamba, standin_te
 from qaudit.errors import EnvironmentProblem
+
+if TYPE_CHECKING:
+    from qaudit.crosscheck.te_side import TESide
 
 # Megatron modules that import triton unconditionally at their top and that the GPT/MoE build
 # imports (their kernels are never called on the cross-check's path): replaced by empty
@@ -321,22 +324,19 @@ def _no_custom_factory_imports() -> contextlib.ExitStack:
 
 
 @contextlib.contextmanager
-def upstream_environment(use_real_te: bool = False, allow_import: bool = False,
-                         te_on_cpu: bool = False) -> Iterator[None]:
+def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[None]:
     """Import the user's Megatron and let it build and train here (see the module docstring).
-    `use_real_te`: a real TE and CUDA are there; nothing stands in for TE or CUDA.
-    `te_on_cpu`: TE's own Python, booted on qaudit's CPU kernel stand-in
-    (qaudit/runtime/te_cpu), is Megatron's TE; the rest of CUDA is stood in as without TE.
+    `te`: the TE side decided in the audit process (crosscheck/te_side.py `decide`, which
+    also refuses the sides this machine cannot give): `real` stands nothing in for TE or
+    CUDA; `te-cpu` boots TE's own Python on qaudit's CPU kernel stand-in
+    (qaudit/runtime/te_cpu) and stands in the rest of CUDA; `standin` puts qaudit's stand-in
+    TE package in place.
     `allow_import`: --allow-import, Megatron may import a recipe's custom factory."""
+    use_real_te = te.kind == "real"
     stubs: dict[str, types.ModuleType] = {}
-    if te_on_cpu:
+    if te.kind == "te-cpu":
         _boot_te_on_cpu()
-    elif not use_real_te:
-        if real_te_available():
-            raise EnvironmentProblem(
-                "--cross-check: a real Transformer Engine is installed but CUDA is not usable "
-                "here; qaudit does not shadow a real TE with its CPU stand-in. Run the "
-                "cross-check on a machine with a GPU")
+    elif te.kind == "standin":
         stubs.update(standin_te.package().modules)
     if not use_real_te and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is None:
         stubs["fused_weight_gradient_mlp_cuda"] = _fused_wgrad_module()
@@ -357,7 +357,7 @@ def upstream_environment(use_real_te: bool = False, allow_import: bool = False,
                 # (megatron/core/jit.py, jit_fuser), which imports dynamo and inductor
                 # (seconds); on CPU they run eagerly, and the kernel fusions are off anyway.
                 stack.enter_context(_patched(torch, "compile", _eager))
-            _check_bound_to(use_real_te or te_on_cpu)
+            _check_bound_to(te.kind != "standin")
             stack.enter_context(_cpu_megatron_calls())
             if not allow_import:
                 stack.enter_context(_no_custom_factory_imports())
