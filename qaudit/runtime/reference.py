@@ -118,14 +118,16 @@ class GemmsFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         meta = ctx.meta
-        quant: Quant | None = meta["quant"] if meta.get("numerics", True) else None
-        g = fake_quantize(grad_out, quant, "grad") if quant else grad_out
         xq, compute = ctx.saved_tensors
-        if compute.dim() == 2:
-            dx = g @ compute
-            dw = g.reshape(-1, g.shape[-1]).t() @ xq.reshape(-1, xq.shape[-1])
+        if meta.get("numerics", True):
+            quant: Quant | None = meta["quant"]
+            g = fake_quantize(grad_out, quant, "grad") if quant else grad_out
+            dx, dw = _gradients(g, xq, compute, meta["m_splits"])
         else:
-            dx, dw = _grouped_grads(g, xq, compute, meta["m_splits"])
+            # Without --verify no gradient value is read: every call, flag, workspace event
+            # and wgrad decision is the same, and the products are left out (most of a
+            # backward's work here). dx keeps its shape so that autograd runs on as before.
+            dx, dw = grad_out.new_zeros(xq.shape), None
         plan: WgradPlan = meta["plan"]
         if not meta.get("weight_requires_grad", True):
             return None, dx, None  # frozen weight: TE computes no weight gradient
@@ -137,6 +139,14 @@ class GemmsFunction(torch.autograd.Function):
         if listener is not None:
             listener(plan.decision)
         return None, dx, wgrad
+
+
+def _gradients(g: torch.Tensor, xq: torch.Tensor, compute: torch.Tensor,
+               m_splits: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """dgrad and wgrad of y = x W^T, or of a grouped GEMM."""
+    if compute.dim() == 2:
+        return g @ compute, g.reshape(-1, g.shape[-1]).t() @ xq.reshape(-1, xq.shape[-1])
+    return _grouped_grads(g, xq, compute, m_splits)
 
 
 def _grouped_grads(g: torch.Tensor, xq: torch.Tensor, compute: torch.Tensor,
@@ -156,18 +166,27 @@ def _grouped_grads(g: torch.Tensor, xq: torch.Tensor, compute: torch.Tensor,
     return dx, dw
 
 
-def _write_main_grad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor) -> None:
+def _write_main_grad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor | None) -> None:
+    """`dw` None: a value-free backward (numerics off); main_grad is still read, so that a
+    missing one fails as in TE, and the write's decision is the plan's either way."""
     main_grad = weight.main_grad  # AttributeError here when missing, as in TE
+    if dw is None:
+        return
     if plan.accumulate:
         main_grad.add_(dw)
     else:
         main_grad.copy_(dw)
 
 
-def _apply_wgrad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor):
+def _autograd_wgrad(weight: torch.Tensor, dw: torch.Tensor | None) -> torch.Tensor:
+    """The unfused weight gradient autograd receives (zeros from a value-free backward)."""
+    return dw.to(weight.dtype) if dw is not None else torch.zeros_like(weight)
+
+
+def _apply_wgrad(plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor | None):
     """Write the weight gradient as TE does; return what autograd receives."""
     if not plan.fused:
-        return dw.to(weight.dtype)
+        return _autograd_wgrad(weight, dw)
     _write_main_grad(plan, weight, dw)
     if hasattr(weight, "grad_added_to_main_grad"):
         weight.grad_added_to_main_grad = True
@@ -184,7 +203,7 @@ class WeightGradStore:
     def __init__(self) -> None:
         self.queue: collections.deque = collections.deque()
 
-    def put(self, plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor,
+    def put(self, plan: WgradPlan, weight: torch.Tensor, dw: torch.Tensor | None,
             listener: WgradListener | None):
         """Queue the GEMM; return what backward hands autograd now (TE linear.py backward):
         with fusion a dummy (and `grad_added_to_main_grad` set already), else None."""
@@ -217,9 +236,9 @@ class _ReferenceModule(torch.nn.Module):
         # Set by whoever observes this module; receives each backward's wgrad decision.
         self.wgrad_listener: WgradListener | None = None
         self.workspace_events: list[str] = []
-        # Fake quantization on (values as TE would compute them) or off (the same calls,
-        # flags, workspace events and wgrad decisions, high-precision values): an audit
-        # needs values only for --verify.
+        # Values on (fake quantization, gradients as TE would compute them) or off (the
+        # same calls, flags, workspace events and wgrad decisions; high-precision forward
+        # values, no gradient products): an audit needs values only for --verify.
         self.numerics = True
 
     # --- delayed weight gradients (TE module/base.py) ------------------------------------
@@ -250,7 +269,7 @@ class _ReferenceModule(torch.nn.Module):
         if plan.fused:
             _write_main_grad(plan, weight, dw)
         else:
-            weight.grad = dw.to(weight.dtype)
+            weight.grad = _autograd_wgrad(weight, dw)
         if listener is not None:
             listener(plan.decision)
         for hook in self.wgrad_accumulation_and_reduce_hooks:
@@ -387,7 +406,7 @@ class ReferenceRuntime:
         self.device = device
         self.reads_overwrite_main_grad = reads_overwrite_main_grad
         self.overwrite_read_from_gemm_weight = frozenset(overwrite_read_from_gemm_weight)
-        self.numerics = numerics  # fake quantization (values); off, only the semantics
+        self.numerics = numerics  # values (fake quantization, gradients); off, only the semantics
 
     @property
     def description(self) -> str:
