@@ -5,6 +5,7 @@ Tests that need Megatron use the `megatron` fixture (tests/megatron_env.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -59,6 +60,40 @@ def test_compare_names_both_sides_of_each_difference():
     assert compare(ours, theirs, ran=False) == [
         Difference("only_ours", "module", "TELinear", ABSENT),
         Difference("only_theirs", "module", ABSENT, "TERowParallelLinear")]
+
+
+def test_weight_cache_uses_read_step_by_step():
+    from qaudit.model.probe import CallRecord
+    from qaudit.run.rows import weight_cache_of
+
+    def record(step, microbatch, call, cache, quant=True):
+        return CallRecord(module="m", step=step, microbatch=microbatch, call=call, flag=None,
+                          grad=True, quant=object() if quant else None, training=True,
+                          cache=cache if quant else None)
+
+    # Out of order on purpose: the summary follows step, microbatch and call.
+    stale = [record(1, 1, 1, "reuse"), record(0, 0, 1, "refresh"), record(0, 1, 1, "reuse"),
+             record(1, 0, 1, "reuse")]
+    assert weight_cache_of(stale) == "refresh,reuse | reuse*2"
+    # A module run twice per microbatch whose second call refreshes again.
+    repeated = [record(0, mb, call, use) for mb in (0, 1)
+                for call, use in ((1, "refresh"), (2, "refresh" if mb == 0 else "reuse"))]
+    assert weight_cache_of(repeated) == "refresh*3,reuse"
+    assert weight_cache_of([record(0, 0, 1, None, quant=False)]) == "-"
+    assert weight_cache_of([]) == "-"
+
+
+def test_the_stand_in_te_marks_weights_built_under_quantized_init_as_primary():
+    from qaudit.crosscheck import standin_te
+
+    outside = standin_te.Linear(8, 8)
+    with standin_te.fp8_model_init(enabled=True):
+        inside = standin_te.Linear(8, 8)
+        with standin_te.fp8_model_init(enabled=False):
+            nested_off = standin_te.Linear(8, 8)
+    assert (outside.primary_quantized_weight, inside.primary_quantized_weight,
+            nested_off.primary_quantized_weight) == (False, True, False)
+    assert standin_te.Linear(8, 8).primary_quantized_weight is False
 
 
 def test_rule_qa030_turns_each_difference_into_an_error(monkeypatch):
@@ -151,6 +186,63 @@ def test_recipe_binding_and_precision_agree_with_megatron(megatron, monkeypatch,
     assert report["cross_check"]["differences"] == []
     bound = {row["recipe"] for row in report["modules"]}
     assert bound - {"-"}, "the recipe binds some modules"
+
+
+# FP8 only through a recipe (no fp8 in the config): before PR #5642 Megatron did not re-arm the
+# flags of such a config, 0.19.2 does.
+RECIPE_ONLY_FP8 = {"fp8-mlp.yaml": """\
+    configs:
+      fp8:
+        transformer_engine_config_type: TEQuantizationParams
+        training_recipe: {fp8_quantization_recipe: tensorwise, fp8_format: e4m3,
+                          override_nonquantized_autocast: true}
+    matchers:
+      mlp: {type: glob, pattern: "*.mlp.*", config: fp8, enabled: true}
+    """, "recipe-only.yaml": """\
+    num_layers: 2
+    hidden_size: 64
+    ffn_hidden_size: 128
+    num_attention_heads: 4
+    quant_recipe: fp8-mlp.yaml
+    """}
+
+
+def test_a_stale_weight_cache_is_a_difference(megatron, monkeypatch, capsys, write_yaml):
+    """`--policy pre-5642` never re-arms the flag of a recipe-only FP8 config; 0.19.2 does.
+    Besides `tracked`, the cross-check names what that does to TE's cached FP8 weight: from
+    the second step on it is reused, where Megatron's run refreshes it."""
+    path = [write_yaml(name, text) for name, text in RECIPE_ONLY_FP8.items()][-1]
+    code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "pre-5642")
+    differences = report["cross_check"]["differences"]
+    caches = {(d["module"], d["qaudit"], d["megatron"]) for d in differences
+              if d["field"] == "weight_cache"}
+    assert caches == {(f"decoder.layers.{layer}.mlp.{name}", "refresh,reuse | reuse*2",
+                       "refresh,reuse | refresh,reuse")
+                      for layer in (0, 1) for name in ("linear_fc1", "linear_fc2")}
+    assert {d["field"] for d in differences} == {"tracked", "weight_cache"}
+    code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
+    assert report["cross_check"]["differences"] == []
+
+
+def test_primary_quantized_weights_agree_with_megatron(megatron, monkeypatch, capsys,
+                                                       write_yaml):
+    """fp8_param: Megatron builds the layers inside TE's quantized-init context, so no call
+    has a weight cache; qaudit's `primary` is what Megatron's stand-in TE records."""
+    path = write_yaml("primary.yaml", """\
+        num_layers: 2
+        hidden_size: 64
+        num_attention_heads: 4
+        fp8: e4m3
+        fp8_recipe: tensorwise
+        fp8_param: true
+        """)
+    code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
+    assert report["cross_check"]["ran"] and report["cross_check"]["differences"] == []
+    monkeypatch.setattr("qaudit.crosscheck.standin_te._quantized_init", [False])
+    monkeypatch.setattr("qaudit.crosscheck.standin_te.fp8_model_init",
+                        lambda *a, **k: contextlib.nullcontext())
+    code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
+    assert {d["field"] for d in report["cross_check"]["differences"]} == {"weight_cache"}
 
 
 def test_config_megatron_rejects_is_a_finding(megatron, monkeypatch, capsys, write_yaml):

@@ -19,6 +19,7 @@ from qaudit.crosscheck.facts import Builder, BuiltModel, ModuleFacts, will_execu
 from qaudit.crosscheck import worker
 from qaudit.errors import EnvironmentProblem, InputError, printable
 from qaudit.plan.upstream.detect import MegatronLocation, locate_megatron
+from qaudit.run.rows import weight_cache_of
 
 if TYPE_CHECKING:
     from qaudit.crosscheck.te_side import TESide
@@ -134,11 +135,12 @@ class QauditBuilder:
 
     def build(self) -> BuiltModel:
         wrappers = {m.fqn: m for m in self.run.model.audited_modules()}
-        return BuiltModel([_facts_of(row, wrappers.get(row.name)) for row in self.run.rows],
-                          ran=True)
+        return BuiltModel([_facts_of(row, wrappers.get(row.name),
+                                     self.run.records.get(row.name, []))
+                           for row in self.run.rows], ran=True)
 
 
-def _facts_of(row, module) -> ModuleFacts:
+def _facts_of(row, module, records) -> ModuleFacts:
     method = getattr(module, "will_execute_quantized", None)
     training = module.training if module is not None else True
     if module is not None:
@@ -151,7 +153,8 @@ def _facts_of(row, module) -> ModuleFacts:
     return ModuleFacts(
         name=row.name, upstream_class=row.type, recipe=row.recipe,
         will_execute_quantized=label, precision=row.precision, tracked=row.tracked,
-        accumulation=row.accumulation, calls_per_microbatch=row.calls_per_microbatch,
+        accumulation=row.accumulation, weight_cache=weight_cache_of(records),
+        calls_per_microbatch=row.calls_per_microbatch,
         nograd_calls_per_microbatch=row.nograd_calls_per_microbatch)
 
 
@@ -267,6 +270,8 @@ class UpstreamBuilder:
         if side.skipped:
             return BuiltModel([], ran=False, skipped=side.skipped)
         built = side.built
+        if built.skipped:
+            return BuiltModel([], ran=False, skipped=built.skipped)
         return BuiltModel(built.modules, built.ran,
                           notes=self.not_covered + side.not_covered + list(built.notes),
                           rejected=built.rejected, unknown_fields=side.unknown_fields)

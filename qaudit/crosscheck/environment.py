@@ -291,20 +291,26 @@ def _typing_override() -> contextlib.ExitStack:
     return stack
 
 
-def _cpu_megatron_calls() -> contextlib.ExitStack:
+def _cpu_megatron_calls(te_on_cpu: bool) -> contextlib.ExitStack:
     """Megatron's own CUDA-only helpers that its CPU-capable paths call (docs/cross-check.md):
     activation recompute saves and restores the CUDA RNG state
-    (megatron/core/tensor_parallel/random.py); on CPU the CPU generator's state stands in."""
+    (megatron/core/tensor_parallel/random.py); on CPU the CPU generator's state stands in.
+    `te_on_cpu`: so does TE's own checkpoint's (transformer_engine/pytorch/distributed.py,
+    which Megatron's `te_checkpoint` calls for recompute)."""
     stack = contextlib.ExitStack()
     if _real_cuda():
         return stack
-    random = importlib.import_module("megatron.core.tensor_parallel.random")
-    if hasattr(random, "_get_cuda_rng_state"):
-        stack.enter_context(_patched(random, "_get_cuda_rng_state",
-                                     lambda *a, **k: torch.get_rng_state()))
-    if hasattr(random, "_set_cuda_rng_state"):
-        stack.enter_context(_patched(random, "_set_cuda_rng_state",
-                                     lambda state, *a, **k: torch.set_rng_state(state)))
+    modules = ["megatron.core.tensor_parallel.random"]
+    if te_on_cpu:
+        modules.append("transformer_engine.pytorch.distributed")
+    for name in modules:
+        module = importlib.import_module(name)
+        if hasattr(module, "_get_cuda_rng_state"):
+            stack.enter_context(_patched(module, "_get_cuda_rng_state",
+                                         lambda *a, **k: torch.get_rng_state()))
+        if hasattr(module, "_set_cuda_rng_state"):
+            stack.enter_context(_patched(module, "_set_cuda_rng_state",
+                                         lambda state, *a, **k: torch.set_rng_state(state)))
     return stack
 
 
@@ -344,6 +350,10 @@ def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[N
     stubs.update({name: _kernel_module(name) for name in TRITON_MODULES})
     environment = dict(os.environ)
     os.environ["NO_VCS_VERSION"] = "1"  # package_info.py would run `git rev-parse` otherwise
+    if te.kind == "te-cpu":
+        # FP8 attention (fp8_dot_product_attention) has only fused GPU backends; TE's own
+        # switch lets its unfused PyTorch backend emulate it (read by TE 2.14 on; 2.8 does not).
+        os.environ.setdefault("NVTE_UnfusedDPA_Emulate_FP8", "1")
     try:
         with contextlib.ExitStack() as stack, warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -358,7 +368,7 @@ def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[N
                 # (seconds); on CPU they run eagerly, and the kernel fusions are off anyway.
                 stack.enter_context(_patched(torch, "compile", _eager))
             _check_bound_to(te.kind != "standin")
-            stack.enter_context(_cpu_megatron_calls())
+            stack.enter_context(_cpu_megatron_calls(te.kind == "te-cpu"))
             if not allow_import:
                 stack.enter_context(_no_custom_factory_imports())
             stack.enter_context(_process_group())

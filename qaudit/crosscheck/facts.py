@@ -11,9 +11,10 @@ from typing import Protocol
 
 # Compared fields, in the order a difference names them.
 COMPARED = ("upstream_class", "recipe", "will_execute_quantized", "precision", "tracked",
-            "accumulation", "calls_per_microbatch", "nograd_calls_per_microbatch")
+            "accumulation", "weight_cache", "calls_per_microbatch",
+            "nograd_calls_per_microbatch")
 # Only known once the model ran (a construction-only cross-check leaves them out).
-RUN_FIELDS = ("precision", "tracked", "accumulation", "calls_per_microbatch",
+RUN_FIELDS = ("precision", "tracked", "accumulation", "weight_cache", "calls_per_microbatch",
               "nograd_calls_per_microbatch")
 
 
@@ -28,6 +29,8 @@ class ModuleFacts:
     precision: str = "-"
     tracked: str = "-"
     accumulation: str = "-"
+    # What TE did with the cached quantized weight at each call (qaudit.run.rows.weight_cache_of).
+    weight_cache: str = "-"
     calls_per_microbatch: int = 0
     nograd_calls_per_microbatch: int = 0
 

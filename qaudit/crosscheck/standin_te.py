@@ -169,11 +169,20 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Any = None
         yield
 
 
+# Whether modules built now get primary quantized weights (the innermost fp8_model_init).
+_quantized_init: list[bool] = [False]
+
+
 @contextlib.contextmanager
 def fp8_model_init(enabled: bool = True, recipe: Any = None,
                    preserve_high_precision_init_val: bool = False) -> Iterator[None]:
-    # Quantized parameters (fp8_param) are not modelled: parameters stay high precision.
-    yield
+    # Parameters stay high precision (quantized storage is not modelled); the modules built
+    # inside only know their weight is primary, which decides their weight-cache use.
+    _quantized_init.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _quantized_init.pop()
 
 
 quantized_model_init = fp8_model_init
@@ -198,6 +207,7 @@ class _Recorded(reference._ReferenceModule):
         self._dtype = params_dtype or torch.float32
         # TE 2.6+: keep the high-precision input for backward; no effect on what is audited.
         self.save_original_input = False
+        self.primary_quantized_weight = _quantized_init[-1]
 
     def _recorded_gemm(self, x: torch.Tensor, m_splits: Any,
                        is_first_microbatch: bool | None) -> torch.Tensor:
@@ -205,8 +215,10 @@ class _Recorded(reference._ReferenceModule):
         name = probe.name_of(self) if probe is not None else None
         listener = None
         if name is not None:  # None: not an audited module, or called outside the run
-            record = probe.recorder.on_forward(name, is_first_microbatch, torch.is_grad_enabled(),
-                                               reference.current_quant(), self.training)
+            record = probe.recorder.on_forward(
+                name, is_first_microbatch, torch.is_grad_enabled(), reference.current_quant(),
+                self.training, cache=te_rules.weight_cache_use(is_first_microbatch,
+                                                               self.primary_quantized_weight))
             listener = probe.recorder.listener_for(record)
         # TE's wgrad rule, read at forward as TE does (qaudit/runtime/reference.py). The GEMM
         # runs in high precision: the cross-check compares which precision each call is in,

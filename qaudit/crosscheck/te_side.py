@@ -12,7 +12,8 @@ On `te-cpu`, the recorder is fed from TE's own base-class `forward`s (patched fo
 only), i.e. at the `super().forward(x, is_first_microbatch=...)` call inside Megatron's
 wrappers: what TE received, not what Megatron's wrapper was called with. Each backward's wgrad
 decision is the `accumulate` flag of the GEMM that writes the weight's `main_grad`, reported
-by the kernel stand-in (the te runtime's `_observe_wgrad_gemm`, qaudit/runtime/te.py).
+by the kernel stand-in (the te runtime's `_observe_wgrad_gemm`, qaudit/runtime/te.py); each
+call's weight-cache use is read from the weight casts TE's forward ran (`_WeightCasts`).
 """
 
 from __future__ import annotations
@@ -90,8 +91,22 @@ def _executed_quant(module: Any, runtime: Any) -> Any:
     return runtime.quant_of(recipe) if recipe is not None else None
 
 
+def _cache_use(casts: Any) -> str | None:
+    """What TE's forward did with the quantized weight: the casts it ran (the te runtime's
+    reading, qaudit/runtime/te.py), except that a weight TE stores quantized
+    (quantized_model_init) is primary: there is no cache to reuse."""
+    use = casts.finish()
+    if use == "reuse" and any(_stored_quantized(weight) for weight in casts.weights):
+        return "primary"
+    return use
+
+
+def _stored_quantized(weight: Any) -> bool:
+    return any(cls.__name__ == "QuantizedTensor" for cls in type(weight).__mro__)
+
+
 def _observed(forward: Any, probe: standin_te.CallProbe, runtime: Any) -> Any:
-    from qaudit.runtime.te import _observe_wgrad_gemm
+    from qaudit.runtime.te import _observe_wgrad_gemm, _WeightCasts
     from qaudit.runtime.te_cpu import kernels
 
     signature = inspect.signature(forward)
@@ -105,12 +120,14 @@ def _observed(forward: Any, probe: standin_te.CallProbe, runtime: Any) -> Any:
         flag = _flag_of(signature, self, args, kwargs)
         grad = torch.is_grad_enabled()
         self._qaudit_in_te_forward = True
+        casts = _WeightCasts(self, kernels)
         try:
             out = forward(self, *args, **kwargs)
         finally:
             self._qaudit_in_te_forward = False
+            cache = _cache_use(casts)
         record = probe.recorder.on_forward(name, flag, grad, _executed_quant(self, runtime),
-                                           self.training)
+                                           self.training, cache=cache)
         listener = probe.recorder.listener_for(record)
         # TE returns (out, bias[, ln_out]) with return_bias or return_layernorm_output: the
         # GEMM output is first; the probe rides on its backward.

@@ -29,7 +29,8 @@ from qaudit.crosscheck.upstream_config import UpstreamInput
 from qaudit.model.probe import CallRecord
 from qaudit.run.fsdp import NO_FSDP, FsdpGrads
 from qaudit.runtime.te_cpu.storage import NotStoodIn
-from qaudit.run.rows import accumulation_of, calls_per_microbatch, precision_of
+from qaudit.run.rows import (accumulation_of, calls_per_microbatch, precision_of,
+                             weight_cache_of)
 from qaudit.run.train import (LEARNING_RATE, attach_grad_buffers, step_gradient,
                           zero_grad_buffer)
 
@@ -544,7 +545,7 @@ def module_facts(chunks: list[Chunk], probe: standin_te.CallProbe | None,
             if not te:
                 _assign_decisions(own, mcore_decisions.get(name, []))
             run = {"precision": precision_of(own), "tracked": _tracked(own) if te else "-",
-                   "accumulation": accumulation_of(own),
+                   "accumulation": accumulation_of(own), "weight_cache": weight_cache_of(own),
                    "calls_per_microbatch": calls_per_microbatch(own, grad=True),
                    "nograd_calls_per_microbatch": calls_per_microbatch(own, grad=False)}
         facts.append(ModuleFacts(
@@ -607,6 +608,12 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
     try:
         _, chunks = build_model(upstream, seed)
     except Rejected as exc:
+        if isinstance(exc.__cause__, NotStoodIn):
+            # TE's own Python needs a kernel the CPU stand-in lacks to build a module: not
+            # Megatron's refusal, and nothing built to compare.
+            return BuiltModel([], ran=False, skipped=(
+                f"TE's own Python cannot build this config on the CPU kernel stand-in: "
+                f"{_one_line(str(exc.__cause__), 200)}{_where(exc.__cause__)}"))
         return BuiltModel([], ran=False, rejected=_one_line(str(exc)))
     notes = list(upstream.notes)
     if not run:

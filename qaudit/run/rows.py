@@ -53,6 +53,28 @@ def tracked_of(records: list[CallRecord], is_te: bool, rearmed: bool) -> str:
     return "yes" if rearmed else "stale"
 
 
+def weight_cache_of(records: list[CallRecord]) -> str:
+    """What TE did with the quantized weight at each call, step by step: the uses in call order
+    (a run of one use as `use*N`), steps separated by ` | `. `-` when no call ran quantized."""
+    if all(r.cache is None for r in records):
+        return "-"
+    steps: dict[int, list[str]] = {}
+    for record in sorted(records, key=lambda r: (r.step, r.microbatch, r.call)):
+        steps.setdefault(record.step, []).append(record.cache or "-")
+    return " | ".join(_runs(uses) for uses in steps.values())
+
+
+def _runs(uses: list[str]) -> str:
+    parts: list[str] = []
+    count = 0
+    for index, use in enumerate(uses):
+        count += 1
+        if index + 1 == len(uses) or uses[index + 1] != use:
+            parts.append(use if count == 1 else f"{use}*{count}")
+            count = 0
+    return ",".join(parts)
+
+
 def accumulation_of(records: list[CallRecord]) -> str:
     decisions = [r.decision for r in records if r.grad and r.decision]
     if not decisions:

@@ -10,11 +10,12 @@ _FIELD_WORDS = {
     "module": "module", "upstream_class": "class", "recipe": "recipe config bound",
     "will_execute_quantized": "will_execute_quantized (bf16/fp8 context)",
     "precision": "executed precision", "tracked": "tracked", "accumulation": "accumulation",
+    "weight_cache": "weight-cache use (per step, in call order)",
     "calls_per_microbatch": "calls per microbatch",
     "nograd_calls_per_microbatch": "no-grad calls per microbatch",
     "config field": "config field", "build": "the config",
 }
-_RUN_FIELDS = {"tracked", "accumulation"}
+_RUN_FIELDS = {"tracked", "accumulation", "weight_cache"}
 
 
 @rule("QA030", "error", "qaudit's model differs from the installed Megatron's")
@@ -26,15 +27,17 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     backward, with qaudit's reference runtime standing in for Transformer Engine on CPU. It
     compares every linear module with qaudit's rows: name, upstream class, the recipe config
     bound, `will_execute_quantized`, the executed precision, whether `is_first_microbatch` is
-    tracked, what each backward does to `main_grad`, and the calls per microbatch.
+    tracked, what each backward does to `main_grad`, what each quantized call does with TE's
+    cached quantized weight, and the calls per microbatch.
 
     Each difference is this finding; the message names both sides. Any difference means the
     report above describes qaudit's model, not the one your Megatron builds: do not rely on
     its verdicts for the modules named until the difference is understood. A module that only
     one side builds, or a different class, is a gap in qaudit's model of Megatron (please
-    report it). Differences only in `tracked` and `accumulation` usually mean that `--policy` or
-    `--megatron` named another Megatron than the installed one (releases up to 0.19 behave as
-    `legacy`, Megatron-LM main as `config`); without them qaudit follows the installed one.
+    report it). Differences only in `tracked`, `accumulation` and the weight-cache use usually
+    mean that `--policy` or `--megatron` named another Megatron than the installed one
+    (releases up to 0.19 behave as `legacy`, Megatron-LM main as `config`); without them
+    qaudit follows the installed one.
     """
     result = facts.cross_check
     if result is None:

@@ -70,11 +70,18 @@ def _on_cpu(fn):
 
 def _to_on_cpu(to):
     def wrapper(self, *args, **kwargs):
+        moved = False
         if args and _is_cuda_device(args[0]):
-            args = (_CPU, *args[1:])
+            args, moved = (_CPU, *args[1:]), True
         device = kwargs.get("device")
         if device is not None and _is_cuda_device(device):
-            kwargs["device"] = _CPU
+            kwargs["device"], moved = _CPU, True
+        # A move "to CUDA" and nothing else is already done: every tensor is on the CPU. TE's
+        # quantized tensors dequantize inside their own `to` (TE 2.20's MXFP8 dequantize moves
+        # a CPU tensor to CUDA first, which would recurse).
+        if moved and len(args) <= 1 and set(kwargs) <= {"device", "non_blocking"} \
+                and self.device.type == "cpu":
+            return self
         return to(self, *args, **kwargs)
 
     return wrapper
@@ -163,6 +170,9 @@ def pose_as_cuda() -> None:
     torch.Tensor.is_cuda = property(lambda self: True)
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
     torch.Tensor.pin_memory = lambda self, *args, **kwargs: self
+    # Every tensor claims CUDA, so Megatron keeps a device-to-host copy's source alive on the
+    # posed stream (moe_utils.maybe_move_tensor_to_cpu); CPU memory has no stream to order.
+    torch.Tensor.record_stream = lambda self, stream: None
     # TE 2.8's quantized tensors pass device=torch.cuda.current_device() to the subclass maker.
     make_wrapper = torch.Tensor._make_wrapper_subclass
 

@@ -79,10 +79,16 @@ def _report_write(out: torch.Tensor | None, accumulate: bool) -> None:
 
 
 def watch_casts(source: torch.Tensor, callback: Callable[[object], None] | None) -> None:
+    # Casts are told apart by their source's address; a source without storage of its own
+    # (a weight TE keeps quantized, an empty tensor) has address 0, shared with every empty
+    # expert slice that is cast, so it is not watched: none of its casts could be told.
+    address = source.data_ptr()
+    if not address:
+        return
     if callback is None:
-        _cast_watch.pop(source.data_ptr(), None)
+        _cast_watch.pop(address, None)
     else:
-        _cast_watch[source.data_ptr()] = callback
+        _cast_watch[address] = callback
 
 
 # -- enums ------------------------------------------------------------------------------------
@@ -308,7 +314,7 @@ def _fp8_dtype(quantizer) -> torch.dtype:
 
 
 def _report_cast(src: torch.Tensor, dst) -> None:
-    if _cast_watch:
+    if _cast_watch and src.data_ptr():
         callback = _cast_watch.get(src.data_ptr())
         if callback is not None:
             callback(dst)
