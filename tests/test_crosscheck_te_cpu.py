@@ -37,7 +37,7 @@ def _check(te_dir: Path, paths: list[str], *flags: str) -> dict:
                                          str(te_dir.parent / "te-deps")])
     done = subprocess.run([sys.executable, "-m", "qaudit", "check", *paths, "--cross-check",
                            "--format", "json", *flags], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=3600)
+                          capture_output=True, text=True, timeout=5400)
     assert done.returncode in (0, 1), done.stderr[-4000:]
     return json.loads(done.stdout)
 
@@ -167,7 +167,8 @@ def _corpus_selection() -> list[str]:
     files += [f"bridge/dumps/nemotron_3_5_lightning_pretrain_{name}_config.yaml" for name in (
         "8gpu_b200_bf16", "16gpu_h100_fp8cs", "8gpu_gb200_fp8mx", "8gpu_gb200_nvfp4",
         "8k_fsdp")]
-    return [str(CORPUS / name) for name in files]
+    # (Three hybrid files are in both lists.)
+    return [str(CORPUS / name) for name in dict.fromkeys(files)]
 
 
 @pytest.mark.slow
@@ -186,8 +187,11 @@ def test_every_bundled_config_and_the_corpus_on_tes_own_python():
     everything = paths + corpus
     halves = [everything[0::2], everything[1::2]]
     with ThreadPoolExecutor(max_workers=2) as pool:
+        # The deadline is the test's, not the worker's default: on a loaded 2-core machine
+        # Nemotron-3 Super's upstream side alone can pass 900 s.
         documents = list(pool.map(lambda part: _check(TE_DIRS[-1], part, "--runtime",
-                                                      "reference"), halves))
+                                                      "reference", "--cross-check-timeout",
+                                                      "3600"), halves))
     version = TE_DIRS[-1].name.removeprefix("te-")
     problems, untrained, ran = [], [], 0
     for document in documents:
@@ -214,5 +218,5 @@ def test_every_bundled_config_and_the_corpus_on_tes_own_python():
                                  result["not_covered"]))
     assert problems == []
     assert untrained == []
-    # 57 of the 76 train on TE 2.20.2's modules (measured); the rest are compared as built.
+    # 57 of the 75 train on TE 2.20.2's modules (measured); the rest are compared as built.
     assert ran >= 55
