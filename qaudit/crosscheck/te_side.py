@@ -91,20 +91,6 @@ def _executed_quant(module: Any, runtime: Any) -> Any:
     return runtime.quant_of(recipe) if recipe is not None else None
 
 
-def _cache_use(casts: Any) -> str | None:
-    """What TE's forward did with the quantized weight: the casts it ran (the te runtime's
-    reading, qaudit/runtime/te.py), except that a weight TE stores quantized
-    (quantized_model_init) is primary: there is no cache to reuse."""
-    use = casts.finish()
-    if use == "reuse" and any(_stored_quantized(weight) for weight in casts.weights):
-        return "primary"
-    return use
-
-
-def _stored_quantized(weight: Any) -> bool:
-    return any(cls.__name__ == "QuantizedTensor" for cls in type(weight).__mro__)
-
-
 def _observed(forward: Any, probe: standin_te.CallProbe, runtime: Any) -> Any:
     from qaudit.runtime.te import _observe_wgrad_gemm, _WeightCasts
     from qaudit.runtime.te_cpu import kernels
@@ -125,7 +111,7 @@ def _observed(forward: Any, probe: standin_te.CallProbe, runtime: Any) -> Any:
             out = forward(self, *args, **kwargs)
         finally:
             self._qaudit_in_te_forward = False
-            cache = _cache_use(casts)
+            cache = casts.finish()
         record = probe.recorder.on_forward(name, flag, grad, _executed_quant(self, runtime),
                                            self.training, cache=cache)
         listener = probe.recorder.listener_for(record)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from itertools import groupby
 from dataclasses import dataclass
 
 from qaudit.errors import printable
@@ -65,14 +66,8 @@ def weight_cache_of(records: list[CallRecord]) -> str:
 
 
 def _runs(uses: list[str]) -> str:
-    parts: list[str] = []
-    count = 0
-    for index, use in enumerate(uses):
-        count += 1
-        if index + 1 == len(uses) or uses[index + 1] != use:
-            parts.append(use if count == 1 else f"{use}*{count}")
-            count = 0
-    return ",".join(parts)
+    counted = ((use, len(list(group))) for use, group in groupby(uses))
+    return ",".join(use if count == 1 else f"{use}*{count}" for use, count in counted)
 
 
 def accumulation_of(records: list[CallRecord]) -> str:

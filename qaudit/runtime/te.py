@@ -245,8 +245,9 @@ def _run(module: torch.nn.Module, base: Callable, x: torch.Tensor,
 
 class _WeightCasts:
     """Which casts of a module's weights one forward ran, through the stand-in's cast
-    kernel: none is a reuse of TE's cached quantized weight, a cast into the buffer TE keeps
-    in `_fp8_workspaces` (or that TE keeps afterwards) a refresh, any other a fresh cast."""
+    kernel: none is a reuse of TE's cached quantized weight (primary where TE stores the weight
+    quantized), a cast into the buffer TE keeps in `_fp8_workspaces` (or that TE keeps
+    afterwards) a refresh, any other a fresh cast."""
 
     def __init__(self, module: torch.nn.Module, kernels: Any) -> None:
         self.module, self.kernels = module, kernels
@@ -259,7 +260,10 @@ class _WeightCasts:
         for weight in self.weights:
             self.kernels.watch_casts(weight, None)
         if not self.outputs:
-            return "reuse" if _is_quantized(self.module) else None
+            if not _is_quantized(self.module):
+                return None
+            # A weight TE stores quantized (quantized_model_init) has no cache to reuse.
+            return "primary" if any(_stored_quantized(w) for w in self.weights) else "reuse"
         from qaudit.runtime.te_cpu.storage import buffer_addresses
 
         cast = set()
@@ -271,6 +275,10 @@ class _WeightCasts:
             if not cast.isdisjoint(buffer_addresses(workspace)):
                 return "refresh"
         return "fresh"
+
+
+def _stored_quantized(weight: torch.Tensor) -> bool:
+    return any(cls.__name__ == "QuantizedTensor" for cls in type(weight).__mro__)
 
 
 def _is_quantized(module: torch.nn.Module) -> bool:
