@@ -73,3 +73,20 @@ def test_a_latent_size_below_one_is_exit_2_at_its_line(write_yaml):
     with pytest.raises(InputError) as caught:
         audit_files(path, options=AuditOptions())
     assert caught.value.key == "moe_latent_size" and caught.value.line == 10  # moe_latent_size
+
+
+def test_the_cross_checks_upstream_build_runs_its_experts_at_qaudits_shrunk_latent_width(
+        write_yaml):
+    """Upstream's build is shrunk as qaudit's own is, the latent width with the rest: at the
+    real width Nemotron-3 Ultra's 512 experts alone passed the worker's memory limit."""
+    from pathlib import Path
+
+    from qaudit.crosscheck.upstream_config import cpu_overrides
+    from qaudit.load.config import load_model_config
+    from qaudit.plan.dims import model_dims
+
+    config = load_model_config(Path(write_yaml("latent.yaml", LATENT_MOE)))
+    shrunk = model_dims(config)
+    assert cpu_overrides(config)["moe_latent_size"] == shrunk.moe_latent < 256
+    assert "moe_latent_size" not in cpu_overrides(load_model_config(Path(write_yaml(
+        "plain.yaml", LATENT_MOE.replace("moe_latent_size: 256\n", "")))))

@@ -142,6 +142,21 @@ def _cpu_substitutions(kwargs: dict[str, Any]) -> list[str]:
     return notes
 
 
+def _unfused_attention_on_cpu(chunks: list[Chunk]) -> list[str]:
+    """A config pinning TE's flash or fused attention: Megatron's model build has opted TE out
+    of its unfused backend (LanguageModule._set_attention_backend), and a CPU has neither of
+    the other two. Opt TE back in for the run, after the build, so the config Megatron
+    validated is unchanged; core attention has no linear module, so no compared fact moves.
+    os.environ is restored by the worker's upstream_environment."""
+    backend = getattr(getattr(chunks[0].model, "config", None), "attention_backend", None)
+    name = getattr(backend, "name", None)
+    if name not in ("flash", "fused"):
+        return []
+    os.environ.update(NVTE_FLASH_ATTN="0", NVTE_FUSED_ATTN="0", NVTE_UNFUSED_ATTN="1")
+    return [f"attention_backend {name}: TE's core attention run with its unfused backend "
+            "(no flash or fused attention kernels on CPU; it has no linear module)"]
+
+
 def _cuda_graphs_off(cls: type) -> dict[str, Any]:
     """Every CUDA-graph field at its default (off): capture needs a GPU. Modules qaudit runs
     inside a graph are then compared as built (qaudit.crosscheck.cross_check)."""
@@ -486,8 +501,8 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                     if not chunk.pre_process:
                         chunk.model.set_input_tensor(hidden)
                     if chunk.t5:  # the decoder reads the tokens shifted right, as qaudit's T5
-                        hidden = chunk.model(tokens, torch.roll(tokens, 1, dims=1), None, None,
-                                             None, lm_labels=labels)
+                        hidden = chunk.model(tokens, torch.roll(tokens, 1, dims=1),
+                                             *t5_masks(tokens), lm_labels=labels)
                     else:
                         hidden = chunk.model(tokens, position_ids, None,
                                              labels=labels if chunk.post_process else None)
@@ -499,6 +514,15 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
         with torch.no_grad():
             for param in params:
                 param.add_(step_gradient(param), alpha=-LEARNING_RATE)
+
+
+def t5_masks(tokens: torch.Tensor) -> tuple[Any, Any, Any]:
+    """Encoder, decoder and cross-attention masks as pretrain_t5.py gives TE's padding
+    attention (megatron/core/datasets/t5_dataset.py, config_attention_mask, TE >= 1.10):
+    [b, 1, 1, s] with True where masked (none here: no padding), no decoder mask (causal),
+    a (decoder, encoder) pair for cross-attention."""
+    valid = torch.zeros(tokens.shape[0], 1, 1, tokens.shape[1], dtype=torch.bool)
+    return valid, None, (valid, valid)
 
 
 def _where(exc: BaseException) -> str:
@@ -618,6 +642,8 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
     notes = list(upstream.notes)
     if not run:
         return BuiltModel(module_facts(chunks, None, {}), ran=False, notes=notes)
+    if te_on_cpu:
+        notes.extend(_unfused_attention_on_cpu(chunks))
     probe = standin_te.CallProbe()
     probe.names = {id(module): name for name, module in linear_modules(chunks)}
     try:

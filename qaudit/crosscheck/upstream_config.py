@@ -100,6 +100,10 @@ def cpu_overrides(config: ModelConfig) -> dict[str, Any]:
     }
     if config.moe_shared_expert_intermediate_size:
         overrides["moe_shared_expert_intermediate_size"] = d.shared_ffn
+    if config.moe_latent_size:
+        # The experts' width between the latent projections: at the real width (2048 for
+        # Nemotron-3 Ultra's 512 experts) upstream's build alone passed the worker's 16 GiB.
+        overrides["moe_latent_size"] = d.moe_latent
     if config.is_hybrid:
         # The mixer shrunk with the rest (upstream derives its heads from hidden_size when
         # mamba_num_heads is unset, and asserts heads % groups). The state width is qaudit's
@@ -129,6 +133,8 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
         # A Bridge provider subclasses TransformerConfig with fields of its own (and of the
         # megatron-core it was written with): only a field qaudit models must exist upstream.
         unknown = [key for key in unknown if key in MODELLED_FIELDS]
+    if isinstance(kwargs.get("attention_backend"), str):
+        kwargs["attention_backend"] = _attention_backend(kwargs["attention_backend"])
     overrides = cpu_overrides(config)
     kwargs.update({key: value for key, value in overrides.items() if key in known})
     bridge = config.source is not None and config.source.origin == "bridge"
@@ -165,6 +171,17 @@ def from_yaml(config: ModelConfig, recipe_file: str | None, config_fields: set[s
                          fsdp=FsdpGrads.of(
                              written.get("use_megatron_fsdp", False),
                              written.get("data_parallel_sharding_strategy", "no_shard")))
+
+
+def _attention_backend(name: str) -> Any:
+    """A YAML file holds the enum member's name (Bridge's dump writes it so); the command
+    line's `--attention-backend` gives the member, and Megatron compares members
+    (LanguageModule._set_attention_backend): a name left a string would be no backend."""
+    try:
+        from megatron.core.transformer.enums import AttnBackend
+    except ImportError:  # a Megatron without the enum takes what is written
+        return name
+    return AttnBackend.__members__.get(name, name)
 
 
 def dataclass_fields(cls: type) -> set[str]:
