@@ -502,7 +502,7 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                         chunk.model.set_input_tensor(hidden)
                     if chunk.t5:  # the decoder reads the tokens shifted right, as qaudit's T5
                         hidden = chunk.model(tokens, torch.roll(tokens, 1, dims=1),
-                                             *t5_masks(tokens), lm_labels=labels)
+                                             *_t5_masks(tokens), lm_labels=labels)
                     else:
                         hidden = chunk.model(tokens, position_ids, None,
                                              labels=labels if chunk.post_process else None)
@@ -516,13 +516,13 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                 param.add_(step_gradient(param), alpha=-LEARNING_RATE)
 
 
-def t5_masks(tokens: torch.Tensor) -> tuple[Any, Any, Any]:
+def _t5_masks(tokens: torch.Tensor) -> tuple[Any, Any, Any]:
     """Encoder, decoder and cross-attention masks as pretrain_t5.py gives TE's padding
     attention (megatron/core/datasets/t5_dataset.py, config_attention_mask, TE >= 1.10):
     [b, 1, 1, s] with True where masked (none here: no padding), no decoder mask (causal),
     a (decoder, encoder) pair for cross-attention."""
-    valid = torch.zeros(tokens.shape[0], 1, 1, tokens.shape[1], dtype=torch.bool)
-    return valid, None, (valid, valid)
+    nothing_masked = torch.zeros(tokens.shape[0], 1, 1, tokens.shape[1], dtype=torch.bool)
+    return nothing_masked, None, (nothing_masked, nothing_masked)
 
 
 def _where(exc: BaseException) -> str:
