@@ -1,11 +1,20 @@
-"""Without --verify the reference runtime's backward computes no gradient products
-(docs/performance.md): the same wgrad decisions, no values, and TE's failure without
-`main_grad` kept."""
+"""Without --verify the reference runtime computes no products (docs/performance.md): the
+same calls and wgrad decisions, zero outputs of the right shapes, no gradient values, TE's
+failure without `main_grad` kept, and the weights left as they are."""
+
+from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from qaudit.commands.check import audit_config, load_inputs
+from qaudit.run import train
+from qaudit.run.options import AuditOptions
+from qaudit.run.train import LEARNING_RATE, apply_update, drain_into_sharded_grads, zero_grad_buffer
 from qaudit.runtime.reference import ReferenceRuntime
+
+SMALL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "gpt-small-bf16.yaml"
 
 
 def _module(kind: str, numerics: bool, fuse: bool = True):
@@ -51,3 +60,65 @@ def test_value_free_unfused_wgrad_is_a_zero_gradient_of_the_weight_shape():
     module, (x, _) = _module("linear", numerics=False, fuse=False)
     _run(module, x, None, [None])
     assert module.weight.grad.shape == module.weight.shape and not module.weight.grad.any()
+
+
+class _CountProducts(TorchDispatchMode):
+    """Counts the matrix products dispatched (aten mm, bmm, addmm, matmul)."""
+
+    PRODUCTS = {"mm", "bmm", "addmm", "matmul"}
+
+    def __init__(self):
+        super().__init__()
+        self.products = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in self.PRODUCTS:
+            self.products += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", ["linear", "grouped"])
+def test_value_free_forward_computes_no_product_and_keeps_the_shape(kind):
+    outputs = {}
+    for numerics in (True, False):
+        module, (x, m_splits) = _module(kind, numerics)
+        args = (x, m_splits) if m_splits is not None else (x,)
+        with torch.no_grad(), _CountProducts() as counter:
+            outputs[numerics] = module(*args, is_first_microbatch=True)
+        assert (counter.products > 0) is numerics
+    assert outputs[False].shape == outputs[True].shape and not outputs[False].any()
+
+
+def _audit_updates(monkeypatch, verify: bool) -> int:
+    updates = []
+    real = train.apply_update
+    monkeypatch.setattr(train, "apply_update", lambda params: (updates.append(1), real(params)))
+    config, recipe = load_inputs(str(SMALL_CONFIG))
+    audit_config(config, recipe, AuditOptions(verify=verify))
+    return len(updates)
+
+
+def test_weights_are_updated_only_where_values_are_read(monkeypatch):
+    assert _audit_updates(monkeypatch, verify=False) == 0
+    assert _audit_updates(monkeypatch, verify=True) == 2  # one per step
+
+
+def test_foreach_buffer_helpers_do_what_the_per_parameter_loop_did():
+    params = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, 2))]
+    for index, param in enumerate(params):
+        param.main_grad = torch.full_like(param, index + 1.0)
+        param.sharded_grad = torch.full_like(param, 10.0)
+        param.grad_added_to_main_grad = True
+    drain_into_sharded_grads(params)
+    assert [p.sharded_grad.unique().tolist() for p in params] == [[11.0], [12.0]]
+    assert not any(p.main_grad.any() for p in params)
+    apply_update(params)  # from sharded_grad, FSDP's step gradient
+    assert torch.allclose(params[1], torch.full((2, 2), 1 - 12 * LEARNING_RATE))
+    for param in params:
+        param.main_grad.fill_(1.0)
+        param.grad_added_to_main_grad = True
+    zero_grad_buffer(params, values=False)  # a value-free run resets the flags only
+    assert all(p.main_grad.all() and not p.grad_added_to_main_grad for p in params)
+    zero_grad_buffer(params)
+    assert not any(p.main_grad.any() or p.sharded_grad.any() or p.grad_added_to_main_grad
+                   for p in params)

@@ -31,7 +31,7 @@ from qaudit.run.fsdp import NO_FSDP, FsdpGrads
 from qaudit.runtime.te_cpu.storage import NotStoodIn
 from qaudit.run.rows import (accumulation_of, calls_per_microbatch, precision_of,
                              weight_cache_of)
-from qaudit.run.train import (LEARNING_RATE, attach_grad_buffers, step_gradient,
+from qaudit.run.train import (apply_update, attach_grad_buffers, drain_into_sharded_grads,
                           zero_grad_buffer)
 
 # Megatron's own (non-TE) linear classes: rows too (the usual output layer is one; every
@@ -508,12 +508,8 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                                              labels=labels if chunk.post_process else None)
             hidden.float().mean().backward()
             if fsdp.drained_each_backward:
-                for param in params:
-                    param.sharded_grad.add_(param.main_grad)
-                    param.main_grad.zero_()
-        with torch.no_grad():
-            for param in params:
-                param.add_(step_gradient(param), alpha=-LEARNING_RATE)
+                drain_into_sharded_grads(params)
+        apply_update(params)
 
 
 def _t5_masks(tokens: torch.Tensor) -> tuple[Any, Any, Any]:

@@ -141,7 +141,8 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
         run_training(model, session.recorder, options.steps, options.microbatches, options.seed,
                      before_step=keep_last_step_weights,
                      microbatch_step=runner.train_microbatch if runner else None,
-                     before_update=runner.sum_embedding_grads if runner else None)
+                     before_update=runner.sum_embedding_grads if runner else None,
+                     values=_values_read(session.runtime))
     records: dict[str, list[CallRecord]] = defaultdict(list)
     for record in session.recorder.calls:
         records[record.module].append(record)
@@ -233,6 +234,12 @@ def _runtime_for(config: ModelConfig, options: AuditOptions, te: TETarget,
         # of the reference runtime's own work, and no row or verdict depends on it.
         runtime.numerics = options.verify
     return runtime
+
+
+def _values_read(runtime: object) -> bool:
+    """Whether anything reads the run's tensor values: --verify on the reference runtime, and
+    every other runtime (TE's own code may decide on values)."""
+    return not isinstance(runtime, ReferenceRuntime) or runtime.numerics
 
 
 def check_config_runs_on_te(config: ModelConfig, te: TETarget) -> None:

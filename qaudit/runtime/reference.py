@@ -106,6 +106,11 @@ class GemmsFunction(torch.autograd.Function):
         compute = meta["compute_weight"]
         ctx.meta, ctx.weight = meta, weight
         ctx.save_for_backward(xq, compute)
+        if not meta.get("numerics", True):
+            # Without --verify no value is read (the report is byte-identical either way on
+            # the whole corpus): the product is left out, as in backward, and only its shape
+            # is kept. A grouped product gathers a weight per row, the costliest op here.
+            return xq.new_zeros(xq.shape[:-1] + (compute.shape[-2],))
         if compute.dim() == 2:
             return xq @ compute.t()
         m_splits = meta["m_splits"]
@@ -236,9 +241,9 @@ class _ReferenceModule(torch.nn.Module):
         # Set by whoever observes this module; receives each backward's wgrad decision.
         self.wgrad_listener: WgradListener | None = None
         self.workspace_events: list[str] = []
-        # Values on (fake quantization, gradients as TE would compute them) or off (the
-        # same calls, flags, workspace events and wgrad decisions; high-precision forward
-        # values, no gradient products): an audit needs values only for --verify.
+        # Values on (fake quantization, products and gradients as TE would compute them) or
+        # off (the same calls, flags, workspace events and wgrad decisions; zero outputs of
+        # the right shapes, no products): an audit needs values only for --verify.
         self.numerics = True
 
     # --- delayed weight gradients (TE module/base.py) ------------------------------------
