@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from cli_helpers import run_in_process
 
@@ -94,6 +95,24 @@ def test_the_stand_in_te_marks_weights_built_under_quantized_init_as_primary():
     assert (outside.primary_quantized_weight, inside.primary_quantized_weight,
             nested_off.primary_quantized_weight) == (False, True, False)
     assert standin_te.Linear(8, 8).primary_quantized_weight is False
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_the_stand_in_te_computes_no_products(grouped):
+    """Nothing the cross-check compares is a value: the stand-in's GEMMs are value-free."""
+    from product_count import CountProducts
+    from qaudit.crosscheck import standin_te
+
+    module = (standin_te.GroupedLinear(3, 8, 6, fuse_wgrad_accumulation=True, bias=False)
+              if grouped else standin_te.Linear(8, 6, fuse_wgrad_accumulation=True, bias=False))
+    module.weight.main_grad = torch.zeros_like(module.weight)
+    x = torch.randn(5, 8, requires_grad=True)
+    with CountProducts() as counter:
+        out = module(x, [2, 0, 3], is_first_microbatch=True) if grouped else module(
+            x, is_first_microbatch=True)
+        out.sum().backward()
+    assert counter.products == 0
+    assert out.shape == (5, 6) and not out.any() and x.grad.shape == x.shape
 
 
 def test_rule_qa030_turns_each_difference_into_an_error(monkeypatch):

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from product_count import CountProducts
 from qaudit.commands.check import audit_config, load_inputs
 from qaudit.run import train
 from qaudit.run.options import AuditOptions
@@ -62,28 +62,13 @@ def test_value_free_unfused_wgrad_is_a_zero_gradient_of_the_weight_shape():
     assert module.weight.grad.shape == module.weight.shape and not module.weight.grad.any()
 
 
-class _CountProducts(TorchDispatchMode):
-    """Counts the matrix products dispatched (aten mm, bmm, addmm, matmul)."""
-
-    PRODUCTS = {"mm", "bmm", "addmm", "matmul"}
-
-    def __init__(self):
-        super().__init__()
-        self.products = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ in self.PRODUCTS:
-            self.products += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("kind", ["linear", "grouped"])
 def test_value_free_forward_computes_no_product_and_keeps_the_shape(kind):
     outputs = {}
     for numerics in (True, False):
         module, (x, m_splits) = _module(kind, numerics)
         args = (x, m_splits) if m_splits is not None else (x,)
-        with torch.no_grad(), _CountProducts() as counter:
+        with torch.no_grad(), CountProducts() as counter:
             outputs[numerics] = module(*args, is_first_microbatch=True)
         assert (counter.products > 0) is numerics
     assert outputs[False].shape == outputs[True].shape and not outputs[False].any()

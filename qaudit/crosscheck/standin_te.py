@@ -221,10 +221,11 @@ class _Recorded(reference._ReferenceModule):
                                                                self.primary_quantized_weight))
             listener = probe.recorder.listener_for(record)
         # TE's wgrad rule, read at forward as TE does (qaudit/runtime/reference.py). The GEMM
-        # runs in high precision: the cross-check compares which precision each call is in,
-        # what it was passed and what its backward does, not numerics (fake quantization
-        # would only add time).
-        meta = {"quant": None, "m_splits": list(m_splits) if m_splits is not None else None,
+        # computes no values: the cross-check compares which precision each call is in, what
+        # it was passed and what its backward does, never a tensor's value, so products and
+        # fake quantization would only add time (a third of DeepSeek-V3's build and run).
+        meta = {"quant": None, "numerics": False,
+                "m_splits": list(m_splits) if m_splits is not None else None,
                 "compute_weight": self.weight.detach(),
                 "plan": te_rules.wgrad_plan(
                     self.fuse_wgrad_accumulation, is_first_microbatch,
