@@ -107,3 +107,9 @@ def test_foreach_buffer_helpers_do_what_the_per_parameter_loop_did():
     zero_grad_buffer(params)
     assert not any(p.main_grad.any() or p.sharded_grad.any() or p.grad_added_to_main_grad
                    for p in params)
+
+
+def test_the_buffer_helpers_take_a_model_with_nothing_to_train():
+    zero_grad_buffer([])
+    drain_into_sharded_grads([])
+    apply_update([])

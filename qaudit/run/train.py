@@ -81,13 +81,16 @@ def zero_grad_buffer(params: list[torch.nn.Parameter], values: bool = True) -> N
     """A new step: the flags reset, and with `values` the buffers zeroed (one foreach call:
     a call per parameter was a measurable share of a 2,000-parameter audit)."""
     if values:
-        torch._foreach_zero_([param.main_grad for param in params])
-        sharded = [param.sharded_grad for param in params if hasattr(param, "sharded_grad")]
-        if sharded:
-            torch._foreach_zero_(sharded)
+        _zero_all([param.main_grad for param in params])
+        _zero_all([param.sharded_grad for param in params if hasattr(param, "sharded_grad")])
     for param in params:
         param.grad_added_to_main_grad = False
         param.grad = None
+
+
+def _zero_all(tensors: list[torch.Tensor]) -> None:
+    if tensors:  # the foreach kernels refuse an empty list
+        torch._foreach_zero_(tensors)
 
 
 def step_gradient(param: torch.nn.Parameter) -> torch.Tensor:
@@ -156,9 +159,11 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
 def drain_into_sharded_grads(params: list[torch.nn.Parameter]) -> None:
     """Megatron-FSDP's reduce-scatter after a microbatch: main_grad moves into the sharded
     gradient and the bucket starts again from zero."""
+    if not params:
+        return
     main_grads = [param.main_grad for param in params]
     torch._foreach_add_([param.sharded_grad for param in params], main_grads)
-    torch._foreach_zero_(main_grads)
+    _zero_all(main_grads)
 
 
 def apply_update(params: list[torch.nn.Parameter]) -> None:
