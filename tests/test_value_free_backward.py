@@ -113,3 +113,30 @@ def test_the_buffer_helpers_take_a_model_with_nothing_to_train():
     zero_grad_buffer([])
     drain_into_sharded_grads([])
     apply_update([])
+
+
+@pytest.mark.parametrize("kind", ["linear", "layernorm_linear", "grouped_linear"])
+def test_a_value_free_build_draws_no_weight(kind):
+    def build(numerics):
+        runtime = ReferenceRuntime(numerics=numerics)
+        factory = getattr(runtime, kind)
+        return factory(4, 8, 6, fuse=True) if kind == "grouped_linear" else factory(8, 6, fuse=True)
+
+    state = torch.get_rng_state()
+    value_free = build(numerics=False)
+    assert torch.equal(torch.get_rng_state(), state)  # nothing drawn
+    assert not value_free.weight.any()
+    drawn = build(numerics=True)
+    assert drawn.weight.shape == value_free.weight.shape and drawn.weight.any()
+
+
+def test_megatrons_own_linear_computes_no_product_without_values():
+    weight = torch.nn.Parameter(torch.randn(6, 8))
+    weight.main_grad = torch.zeros_like(weight)
+    for numerics in (True, False):
+        x = torch.randn(5, 8, requires_grad=True)
+        with CountProducts() as counter:
+            out = ReferenceRuntime(numerics=numerics).plain_gemm(x, weight, fuse=True,
+                                                                 listener=None)
+            out.sum().backward()
+        assert (counter.products > 0) is numerics and out.shape == (5, 6)

@@ -334,7 +334,11 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, meta: dict) -> torch.Tensor:
     return GemmsFunction.apply(meta, x, weight)
 
 
-def _init_weight(*shape: int) -> torch.nn.Parameter:
+def _init_weight(*shape: int, values: bool = True) -> torch.nn.Parameter:
+    """A weight drawn as TE's default init would scale it; `values` False (no --verify: nothing
+    reads a weight's value) zeros instead, which skips the draw (most of a large build)."""
+    if not values:
+        return torch.nn.Parameter(torch.zeros(*shape))
     weight = torch.empty(*shape)
     torch.nn.init.normal_(weight, std=shape[-1] ** -0.5)
     return torch.nn.Parameter(weight)
@@ -344,10 +348,10 @@ class Linear(_ReferenceModule):
     """TE `Linear`: y = x W^T."""
 
     def __init__(self, in_features: int, out_features: int, *,
-                 fuse_wgrad_accumulation: bool = False) -> None:
+                 fuse_wgrad_accumulation: bool = False, draw_weights: bool = True) -> None:
         super().__init__(fuse_wgrad_accumulation)
         self.in_features, self.out_features = in_features, out_features
-        self.weight = _init_weight(out_features, in_features)
+        self.weight = _init_weight(out_features, in_features, values=draw_weights)
 
     def forward(self, x: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
         return self._gemm(x, None, is_first_microbatch)
@@ -357,8 +361,9 @@ class LayerNormLinear(Linear):
     """TE `LayerNormLinear`: LayerNorm (high precision, autograd) then a quantizable GEMM."""
 
     def __init__(self, in_features: int, out_features: int, *,
-                 fuse_wgrad_accumulation: bool = False) -> None:
-        super().__init__(in_features, out_features, fuse_wgrad_accumulation=fuse_wgrad_accumulation)
+                 fuse_wgrad_accumulation: bool = False, draw_weights: bool = True) -> None:
+        super().__init__(in_features, out_features, fuse_wgrad_accumulation=fuse_wgrad_accumulation,
+                         draw_weights=draw_weights)
         self.layer_norm_weight = torch.nn.Parameter(torch.ones(in_features))
         self.layer_norm_bias = torch.nn.Parameter(torch.zeros(in_features))
 
@@ -378,11 +383,11 @@ class GroupedLinear(_ReferenceModule):
     """
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, *,
-                 fuse_wgrad_accumulation: bool = False) -> None:
+                 fuse_wgrad_accumulation: bool = False, draw_weights: bool = True) -> None:
         super().__init__(fuse_wgrad_accumulation)
         self.num_gemms = num_gemms
         self.in_features, self.out_features = in_features, out_features
-        self.weight = _init_weight(num_gemms, out_features, in_features)
+        self.weight = _init_weight(num_gemms, out_features, in_features, values=draw_weights)
 
     def forward(self, x: torch.Tensor, m_splits: Sequence[int],
                 is_first_microbatch: bool | None = None) -> torch.Tensor:
@@ -425,17 +430,19 @@ class ReferenceRuntime:
         return module
 
     def linear(self, in_features: int, out_features: int, *, fuse: bool) -> torch.nn.Module:
-        return self._configured(Linear(in_features, out_features, fuse_wgrad_accumulation=fuse),
-                                "linear")
+        return self._configured(Linear(in_features, out_features, fuse_wgrad_accumulation=fuse,
+                                       draw_weights=self.numerics), "linear")
 
     def layernorm_linear(self, in_features: int, out_features: int, *, fuse: bool) -> torch.nn.Module:
         return self._configured(LayerNormLinear(in_features, out_features,
-                                                fuse_wgrad_accumulation=fuse), "layernorm_linear")
+                                                fuse_wgrad_accumulation=fuse,
+                                                draw_weights=self.numerics), "layernorm_linear")
 
     def grouped_linear(self, num_gemms: int, in_features: int, out_features: int, *,
                        fuse: bool) -> torch.nn.Module:
         return self._configured(GroupedLinear(num_gemms, in_features, out_features,
-                                              fuse_wgrad_accumulation=fuse), "grouped_linear")
+                                              fuse_wgrad_accumulation=fuse,
+                                              draw_weights=self.numerics), "grouped_linear")
 
     def autocast(self, quant: Quant | None):
         return autocast(quant)
@@ -448,15 +455,15 @@ class ReferenceRuntime:
 
     def plain_gemm(self, x: torch.Tensor, weight: torch.Tensor, *, fuse: bool,
                    listener: WgradListener | None) -> torch.Tensor:
-        return plain_gemm(x, weight, fuse=fuse, listener=listener)
+        return plain_gemm(x, weight, fuse=fuse, listener=listener, numerics=self.numerics)
 
 
 def plain_gemm(x: torch.Tensor, weight: torch.Tensor, *, fuse: bool,
-               listener: WgradListener | None) -> torch.Tensor:
+               listener: WgradListener | None, numerics: bool = True) -> torch.Tensor:
     """Megatron's own (non-TE) linear: high precision, no is_first_microbatch. With fusion its
     wgrad accumulates into main_grad, except on a Megatron-FSDP parameter, whose buffer it
     overwrites on every backward (core/tensor_parallel/layers.py; qaudit/run/fsdp.py)."""
     overwrite = hasattr(weight, "__fsdp_param__")
     meta = {"quant": None, "m_splits": None, "compute_weight": weight.detach(),
-            "plan": WgradPlan(fuse, not overwrite), "listener": listener}
+            "plan": WgradPlan(fuse, not overwrite), "listener": listener, "numerics": numerics}
     return gemm(x, weight, meta)
