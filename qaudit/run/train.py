@@ -163,7 +163,7 @@ def drain_into_sharded_grads(params: list[torch.nn.Parameter]) -> None:
         return
     main_grads = [param.main_grad for param in params]
     torch._foreach_add_([param.sharded_grad for param in params], main_grads)
-    _zero_all(main_grads)
+    torch._foreach_zero_(main_grads)
 
 
 def apply_update(params: list[torch.nn.Parameter]) -> None:

@@ -334,10 +334,10 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, meta: dict) -> torch.Tensor:
     return GemmsFunction.apply(meta, x, weight)
 
 
-def _init_weight(*shape: int, values: bool = True) -> torch.nn.Parameter:
-    """A weight drawn as TE's default init would scale it; `values` False (no --verify: nothing
+def _init_weight(*shape: int, draw: bool = True) -> torch.nn.Parameter:
+    """A weight drawn as TE's default init would scale it; `draw` False (no --verify: nothing
     reads a weight's value) zeros instead, which skips the draw (most of a large build)."""
-    if not values:
+    if not draw:
         return torch.nn.Parameter(torch.zeros(*shape))
     weight = torch.empty(*shape)
     torch.nn.init.normal_(weight, std=shape[-1] ** -0.5)
@@ -351,7 +351,7 @@ class Linear(_ReferenceModule):
                  fuse_wgrad_accumulation: bool = False, draw_weights: bool = True) -> None:
         super().__init__(fuse_wgrad_accumulation)
         self.in_features, self.out_features = in_features, out_features
-        self.weight = _init_weight(out_features, in_features, values=draw_weights)
+        self.weight = _init_weight(out_features, in_features, draw=draw_weights)
 
     def forward(self, x: torch.Tensor, is_first_microbatch: bool | None = None) -> torch.Tensor:
         return self._gemm(x, None, is_first_microbatch)
@@ -387,7 +387,7 @@ class GroupedLinear(_ReferenceModule):
         super().__init__(fuse_wgrad_accumulation)
         self.num_gemms = num_gemms
         self.in_features, self.out_features = in_features, out_features
-        self.weight = _init_weight(num_gemms, out_features, in_features, values=draw_weights)
+        self.weight = _init_weight(num_gemms, out_features, in_features, draw=draw_weights)
 
     def forward(self, x: torch.Tensor, m_splits: Sequence[int],
                 is_first_microbatch: bool | None = None) -> torch.Tensor:
