@@ -339,6 +339,48 @@ def test_launch_script_goes_through_megatrons_own_parser(megatron, monkeypatch, 
     assert any("experts.linear_fc1" in row["name"] for row in report["modules"])
 
 
+# Run in a fresh process whose upstream side stays in it (no fork), so that what it imported,
+# left set and called is visible afterwards.
+_IN_PROCESS_UPSTREAM = """
+import json, multiprocessing, sys
+multiprocessing.get_all_start_methods = lambda: ["spawn"]
+import torch
+from qaudit.crosscheck import upstream_build
+updates = []
+real_update = upstream_build.apply_update
+upstream_build.apply_update = lambda params: (updates.append(1), real_update(params))
+from qaudit.cli import main
+sys.argv = ["qaudit", "check", sys.argv[1], "--cross-check", "--format", "json",
+            "--policy", "legacy"]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "inductor": "torch._inductor" in sys.modules,
+                  "deterministic": torch.are_deterministic_algorithms_enabled(),
+                  "updates": len(updates)}))
+"""
+
+
+def test_the_stand_in_side_costs_no_inductor_import_no_values_and_leaves_torch_as_found(
+        megatron, tmp_path):
+    """--deterministic-mode: validate_args calls torch.use_deterministic_algorithms, whose
+    inductor half was most of a second of import; the flag is put back after the build. On
+    the value-free stand-in TE the loop updates no weight."""
+    import os
+    import subprocess
+
+    script = write_script(tmp_path, "--deterministic-mode")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(megatron)])}
+    done = subprocess.run([sys.executable, "-c", _IN_PROCESS_UPSTREAM, script], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+    lines = done.stdout.strip().splitlines()
+    assert lines, done.stderr[-2000:]
+    report, outcome = json.loads("\n".join(lines[:-1])), json.loads(lines[-1])
+    assert report["cross_check"]["ran"] and report["cross_check"]["differences"] == []
+    assert outcome == {"code": 0, "inductor": False, "deterministic": False, "updates": 0}
+
+
 def test_a_flag_qaudit_misreads_is_caught(megatron, monkeypatch, capsys, tmp_path):
     """qaudit's flag translation is checked by upstream's parser: dropping --moe-grouped-gemm
     on qaudit's side builds sequential experts that Megatron does not build."""

@@ -214,6 +214,26 @@ def _eager(function: Any = None, **options: Any) -> Any:
     return function if function is not None else (lambda inner: inner)
 
 
+@contextlib.contextmanager
+def _deterministic_without_inductor() -> Iterator[None]:
+    """torch.use_deterministic_algorithms without its other half, inductor's `deterministic`
+    setting: importing inductor costs most of a second, and with torch.compile eager here
+    nothing is compiled for that setting to reach. Megatron calls it from validate_args under
+    --deterministic-mode (megatron/training/determinism.py). The flag is put back afterwards,
+    so that a build in qaudit's own process leaves its later audits as they were."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+
+    def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
+        torch._C._set_deterministic_algorithms(mode, warn_only=warn_only)
+
+    try:
+        with _patched(torch, "use_deterministic_algorithms", use_deterministic_algorithms):
+            yield
+    finally:
+        torch._C._set_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
 def _cpu_cuda_answers() -> contextlib.ExitStack:
     """torch.cuda questions Megatron asks while building on CPU, answered for a CPU process.
     Also under TE's CPU pose (qaudit/runtime/te_cpu/host.py), which answers TE's questions
@@ -367,6 +387,7 @@ def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[N
                 # (megatron/core/jit.py, jit_fuser), which imports dynamo and inductor
                 # (seconds); on CPU they run eagerly, and the kernel fusions are off anyway.
                 stack.enter_context(_patched(torch, "compile", _eager))
+                stack.enter_context(_deterministic_without_inductor())
             _check_bound_to(te.kind != "standin")
             stack.enter_context(_cpu_megatron_calls(te.kind == "te-cpu"))
             if not allow_import:
