@@ -16,3 +16,19 @@ class CountProducts(TorchDispatchMode):
         if func.overloadpacket.__name__ in self.PRODUCTS:
             self.products += 1
         return func(*args, **(kwargs or {}))
+
+
+class CountWrites(TorchDispatchMode):
+    """Counts the aten ops inside it that write every element of a new buffer (zeroing,
+    filling): what a value-free run should not pay for."""
+
+    WRITES = {"zero_", "zeros_like", "fill_", "zeros"}
+
+    def __init__(self):
+        super().__init__()
+        self.writes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in self.WRITES:
+            self.writes += 1
+        return func(*args, **(kwargs or {}))

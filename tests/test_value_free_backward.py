@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from product_count import CountProducts
+from product_count import CountProducts, CountWrites
 from qaudit.commands.check import audit_config, load_inputs
 from qaudit.run import train
 from qaudit.run.options import AuditOptions
-from qaudit.run.train import LEARNING_RATE, apply_update, drain_into_sharded_grads, zero_grad_buffer
+from qaudit.run.train import (LEARNING_RATE, apply_update, attach_grad_buffers,
+                              drain_into_sharded_grads, zero_grad_buffer)
 from qaudit.runtime.reference import ReferenceRuntime
 
 SMALL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "gpt-small-bf16.yaml"
@@ -140,3 +141,25 @@ def test_megatrons_own_linear_computes_no_product_without_values():
                                                                  listener=None)
             out.sum().backward()
         assert (counter.products > 0) is numerics and out.shape == (5, 6)
+
+
+def _autograd_grads_into_main_grad(values: bool) -> tuple[torch.nn.Module, int]:
+    model = torch.nn.Linear(4, 3)  # no fused wgrad: its gradients reach main_grad by the hook
+    with CountWrites() as counter:
+        params = attach_grad_buffers(model, values=values)
+    for param in params:
+        param.main_grad.fill_(7.0)  # a sentinel: what the hook adds shows
+    model(torch.ones(2, 4)).sum().backward()
+    return model, counter.writes
+
+
+def test_value_free_buffers_are_neither_zeroed_nor_added_into():
+    model, writes = _autograd_grads_into_main_grad(values=False)
+    assert writes == 0  # allocated, never written element by element
+    for param in model.parameters():
+        assert param.grad is None and bool((param.main_grad == 7.0).all())
+        assert param.main_grad.shape == param.shape and param.main_grad.dtype == param.dtype
+    model, writes = _autograd_grads_into_main_grad(values=True)
+    assert writes == 2  # one zeroed buffer per parameter
+    for param in model.parameters():
+        assert param.grad is None and not bool((param.main_grad == 7.0).all())

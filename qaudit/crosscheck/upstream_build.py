@@ -470,14 +470,17 @@ def linear_modules(chunks: list[Chunk]) -> list[tuple[str, torch.nn.Module]]:
 
 def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                  microbatches: int, vocab: int, seq_length: int, seed: int = 0,
-                 fsdp: FsdpGrads = NO_FSDP) -> None:
+                 fsdp: FsdpGrads = NO_FSDP, values: bool = True) -> None:
     """qaudit's training loop around upstream's model chunks: re-arm through upstream's own
     set_is_first_microbatch at each step's first microbatch, forward through every chunk in
     order (one process, as qaudit's own pipelined run), backward, update.
     `fsdp`: what Megatron-FSDP sets on the parameters and whether it drains main_grad after
-    every microbatch (qaudit/run/fsdp.py)."""
+    every microbatch (qaudit/run/fsdp.py). `values` False, on qaudit's stand-in TE (whose
+    GEMMs compute no values): no buffer zeroed or drained, no weight updated, as qaudit's
+    own run without --verify (qaudit/run/train.py). TE's own Python computes real values
+    and may decide on them, so that side keeps them."""
     modules = torch.nn.ModuleList(chunk.model for chunk in chunks)
-    params = attach_grad_buffers(modules, fsdp)
+    params = attach_grad_buffers(modules, fsdp, values=values)
     generator = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(microbatches):
@@ -488,7 +491,7 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
     virtual = max(chunk.index for chunk in chunks) + 1
     modules.train()
     for _ in range(steps):
-        zero_grad_buffer(params)
+        zero_grad_buffer(params, values)
         probe.recorder.start_step()
         for index, (tokens, labels) in enumerate(batches):
             probe.recorder.start_microbatch(buffers_drained=fsdp.drained_each_backward)
@@ -507,9 +510,10 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                         hidden = chunk.model(tokens, position_ids, None,
                                              labels=labels if chunk.post_process else None)
             hidden.float().mean().backward()
-            if fsdp.drained_each_backward:
+            if fsdp.drained_each_backward and values:
                 drain_into_sharded_grads(params)
-        apply_update(params)
+        if values:
+            apply_update(params)
 
 
 def _t5_masks(tokens: torch.Tensor) -> tuple[Any, Any, Any]:
@@ -647,7 +651,7 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
         with observed, observe_mcore_linears(chunks, probe) as decisions:
             run_training(chunks, probe, steps, microbatches, upstream.model_kwargs["vocab_size"],
                          upstream.model_kwargs["max_sequence_length"], seed,
-                         upstream.fsdp)
+                         upstream.fsdp, values=te_on_cpu)
     except standin_te.NotOnCPU as exc:
         # A feature of this config runs a CUDA kernel: compare what was built.
         return BuiltModel(module_facts(chunks, None, {}), ran=False,

@@ -31,6 +31,11 @@ def _ddp_hook(param: torch.nn.Parameter) -> None:
     param.grad = None
 
 
+def _drop_grad(param: torch.nn.Parameter) -> None:
+    """The DDP hook of a run whose values nobody reads: the gradient is released, not added."""
+    param.grad = None
+
+
 def delayed_wgrad_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Modules that queue their weight gradients for `backward_dw` (TE need_backward_dw)."""
     return [m for m in model.modules()
@@ -48,10 +53,17 @@ def run_backward_dw(model: torch.nn.Module,
 
 
 def attach_grad_buffers(model: torch.nn.Module, fsdp: FsdpGrads = NO_FSDP,
-                        delayed: list[torch.nn.Module] | None = None) -> list[torch.nn.Parameter]:
+                        delayed: list[torch.nn.Module] | None = None,
+                        values: bool = True) -> list[torch.nn.Parameter]:
     """`fsdp`: what Megatron-FSDP sets on the parameters (qaudit/run/fsdp.py). `delayed`: the
-    model's `delayed_wgrad_modules`, when the caller has them already."""
+    model's `delayed_wgrad_modules`, when the caller has them already. `values` False (a run
+    whose values nobody reads, as in `run_training`): the buffers are allocated, not zeroed,
+    and the hooks add nothing into them. What reads a buffer then is its shape, dtype and
+    identity only; the first touch of every page was most of the cost (0.6 s of DeepSeek-V3's
+    upstream cross-check build)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    new_buffer = torch.zeros_like if values else torch.empty_like
+    hook = _ddp_hook if values else _drop_grad
     # Megatron DDP (distributed_data_parallel.py): a parameter TE marked
     # skip_backward_post_hook gets the hook through its module's wgrad hooks instead.
     hooked_by_module: set[int] = set()
@@ -59,13 +71,13 @@ def attach_grad_buffers(model: torch.nn.Module, fsdp: FsdpGrads = NO_FSDP,
         for param in module.parameters():
             if param.requires_grad and getattr(param, "skip_backward_post_hook", False):
                 module.register_wgrad_accumulation_and_reduce_hooks(
-                    lambda param=param: _ddp_hook(param))
+                    lambda param=param: hook(param))
                 hooked_by_module.add(id(param))
     for param in params:
-        param.main_grad = torch.zeros_like(param)
+        param.main_grad = new_buffer(param)
         param.grad_added_to_main_grad = False
         if id(param) not in hooked_by_module:
-            param.register_post_accumulate_grad_hook(_ddp_hook)
+            param.register_post_accumulate_grad_hook(hook)
         if fsdp.fsdp_params:
             param.__fsdp_param__ = True
             param.get_main_grad = functools.partial(getattr, param, "main_grad")
@@ -73,7 +85,7 @@ def attach_grad_buffers(model: torch.nn.Module, fsdp: FsdpGrads = NO_FSDP,
             param.overwrite_main_grad = True
         if fsdp.drained_each_backward:
             # Reduce-scattered into the sharded gradient after every microbatch.
-            param.sharded_grad = torch.zeros_like(param)
+            param.sharded_grad = new_buffer(param)
     return params
 
 
@@ -133,7 +145,7 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
     # Which modules delay their wgrad is fixed when they are built: walk the model once,
     # not after every microbatch.
     delayed = delayed_wgrad_modules(model)
-    params = attach_grad_buffers(model, fsdp, delayed=delayed)
+    params = attach_grad_buffers(model, fsdp, delayed=delayed, values=values)
     microbatch_step = microbatch_step or _whole_model(model)
     batches = make_batches(model, microbatches, seed)
     model.train()
