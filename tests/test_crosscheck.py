@@ -381,6 +381,38 @@ def test_the_stand_in_side_costs_no_inductor_import_no_values_and_leaves_torch_a
     assert outcome == {"code": 0, "inductor": False, "deterministic": False, "updates": 0}
 
 
+_FORKED_UPSTREAM = """
+import json, sys
+from qaudit.cli import main
+sys.argv = ["qaudit", "check", *sys.argv[1:], "--cross-check", "--format", "json"]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "dtensor": "torch.distributed.tensor" in sys.modules,
+                  "megatron": sorted(n for n in sys.modules if n.split(".")[0] == "megatron")}))
+"""
+
+
+def test_torchs_part_of_megatrons_import_is_paid_once_per_run(megatron):
+    """Before the worker forks, the audit process imports the torch packages megatron.core
+    imports (a run over many configs then pays them once), and never Megatron itself."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(megatron)])}
+    configs = [str(REPO / "configs" / name)
+               for name in ("gpt-small-bf16.yaml", "gpt-mtp-bf16.yaml")]
+    done = subprocess.run([sys.executable, "-c", _FORKED_UPSTREAM, *configs], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = done.stdout.strip().splitlines()
+    assert lines, done.stderr[-2000:]
+    outcome = json.loads(lines[-1])
+    files = json.loads("\n".join(lines[:-1]))["files"]
+    assert all(entry["report"]["cross_check"]["ran"] for entry in files)
+    assert outcome["dtensor"] and outcome["megatron"] == []
+
+
 def test_a_flag_qaudit_misreads_is_caught(megatron, monkeypatch, capsys, tmp_path):
     """qaudit's flag translation is checked by upstream's parser: dropping --moe-grouped-gemm
     on qaudit's side builds sequential experts that Megatron does not build."""
