@@ -186,6 +186,18 @@ def test_a_worker_result_comes_back_and_its_output_does_not(capfd):
     assert "UPSTREAM" not in "".join(capfd.readouterr())
 
 
+def test_the_worker_inherits_qaudits_heap_frozen_and_qaudit_keeps_collecting():
+    """A collection in the child would write into every inherited object (copy-on-write of
+    the whole heap): what existed at the fork is frozen out of the child's collector only."""
+    import gc
+
+    from qaudit.crosscheck import worker
+
+    job = worker.ForkedWorker(gc.get_freeze_count, (), worker.WorkerLimits(), "test")
+    assert job.result() > 1000
+    assert gc.get_freeze_count() == 0
+
+
 def test_a_worker_never_waits_on_qaudit(capfd):
     """qaudit's own audit may outlast the deadline: a worker that finished in time (after
     printing and returning more than a pipe holds) is collected, not called hung."""

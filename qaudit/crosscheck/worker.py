@@ -28,6 +28,7 @@ SIGALRM; no memory limit is applied there.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import pickle
 import select
@@ -191,9 +192,14 @@ class ForkedWorker:
                 stream.flush()
         parent = os.getpid()
         self.started = time.monotonic()
+        # What exists now is frozen out of the cyclic collector across the fork: a collection
+        # in the child would otherwise write into every inherited object's header, copying
+        # each page of qaudit's and torch's heap into the child (copy-on-write).
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             _child(function, arguments, limits, parent, pipes)
+        gc.unfreeze()
         self.pid: int | None = pid
         self.group: int | None = pid  # killed when done: what upstream forked dies too
         self._status: int | None = None
