@@ -196,10 +196,12 @@ class ForkedWorker:
         # in the child would otherwise write into every inherited object's header, copying
         # each page of qaudit's and torch's heap into the child (copy-on-write).
         gc.freeze()
-        pid = os.fork()
-        if pid == 0:
-            _child(function, arguments, limits, parent, pipes)
-        gc.unfreeze()
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _child(function, arguments, limits, parent, pipes)
+        finally:
+            gc.unfreeze()  # in qaudit (the child never returns from _child)
         self.pid: int | None = pid
         self.group: int | None = pid  # killed when done: what upstream forked dies too
         self._status: int | None = None
