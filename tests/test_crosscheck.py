@@ -48,6 +48,34 @@ def _facts(name: str, cls: str = "TELinear", **run) -> ModuleFacts:
                                                      "calls_per_microbatch": 1, **run})
 
 
+@pytest.mark.parametrize(("fields", "mla", "sized"), [
+    ({"fp8_dot_product_attention": True, "fp8_recipe": "mxfp8", "kv_channels": 16}, False, True),
+    ({"fp8_dot_product_attention": True, "fp8_recipe": "mxfp8", "kv_channels": 40}, False, True),
+    ({"fp8_dot_product_attention": True, "fp8_recipe": "tensorwise", "kv_channels": 16}, False, False),
+    ({"fp8_dot_product_attention": False, "fp8_recipe": "mxfp8", "kv_channels": 16}, False, False),
+    ({"fp8_dot_product_attention": True, "fp8_recipe": "mxfp8", "kv_channels": 16}, True, False),
+])
+def test_mxfp8_attention_runs_at_the_sizes_te_accepts(fields, mla, sized):
+    """On TE's own Python, MXFP8 attention is run at sequence % 128 and head size % 32 (TE's
+    assertion); nothing else is resized, and multi-latent attention keeps its sizes."""
+    from qaudit.crosscheck.upstream_build import _sized_for_mxfp8_attention
+    from qaudit.crosscheck.upstream_config import UpstreamInput
+
+    upstream = UpstreamInput(mla=mla, config_kwargs=dict(fields),
+                             model_kwargs={"max_sequence_length": 8, "vocab_size": 128},
+                             recipe_path=None)
+    notes = _sized_for_mxfp8_attention(upstream)
+    head = upstream.config_kwargs["kv_channels"]
+    sequence = upstream.model_kwargs["max_sequence_length"]
+    if sized:
+        assert head % 32 == 0 and fields["kv_channels"] <= head < fields["kv_channels"] + 32
+        assert sequence == 128 and notes == [
+            f"MXFP8 attention: run at sequence length 128 and head size {head} (TE's minimum; "
+            f"widths are not compared)"]
+    else:
+        assert (head, sequence, notes) == (fields["kv_channels"], 8, [])
+
+
 def test_compare_names_both_sides_of_each_difference():
     ours = [_facts("a"), _facts("b", tracked="no"), _facts("only_ours"),
             _facts("c", precision="fp8/custom (not executed)")]
@@ -339,6 +367,20 @@ def test_launch_script_goes_through_megatrons_own_parser(megatron, monkeypatch, 
     assert any("experts.linear_fc1" in row["name"] for row in report["modules"])
 
 
+def _report_and_outcome(program: str, arguments: list[str], megatron) -> tuple[dict, dict]:
+    """Run `program` (Python source that runs qaudit's CLI, then prints one JSON line of what
+    it saw) in a fresh process with `megatron` importable: qaudit's JSON report and that line."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(megatron)])}
+    done = subprocess.run([sys.executable, "-c", program, *arguments], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = done.stdout.strip().splitlines()
+    assert lines, done.stderr[-2000:]
+    return json.loads("\n".join(lines[:-1])), json.loads(lines[-1])
+
+
 # Run in a fresh process whose upstream side stays in it (no fork), so that what it imported,
 # left set and called is visible afterwards.
 _IN_PROCESS_UPSTREAM = """
@@ -367,16 +409,8 @@ def test_the_stand_in_side_costs_no_inductor_import_no_values_and_leaves_torch_a
     """--deterministic-mode: validate_args calls torch.use_deterministic_algorithms, whose
     inductor half was most of a second of import; the flag is put back after the build. On
     the value-free stand-in TE the loop updates no weight."""
-    import os
-    import subprocess
-
     script = write_script(tmp_path, "--deterministic-mode")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(megatron)])}
-    done = subprocess.run([sys.executable, "-c", _IN_PROCESS_UPSTREAM, script], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=600)
-    lines = done.stdout.strip().splitlines()
-    assert lines, done.stderr[-2000:]
-    report, outcome = json.loads("\n".join(lines[:-1])), json.loads(lines[-1])
+    report, outcome = _report_and_outcome(_IN_PROCESS_UPSTREAM, [script], megatron)
     assert report["cross_check"]["ran"] and report["cross_check"]["differences"] == []
     assert outcome == {"code": 0, "inductor": False, "deterministic": False, "updates": 0}
 
@@ -397,18 +431,10 @@ print(json.dumps({"code": code, "dtensor": "torch.distributed.tensor" in sys.mod
 def test_torchs_part_of_megatrons_import_is_paid_once_per_run(megatron):
     """Before the worker forks, the audit process imports the torch packages megatron.core
     imports (a run over many configs then pays them once), and never Megatron itself."""
-    import os
-    import subprocess
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(megatron)])}
     configs = [str(REPO / "configs" / name)
                for name in ("gpt-small-bf16.yaml", "gpt-mtp-bf16.yaml")]
-    done = subprocess.run([sys.executable, "-c", _FORKED_UPSTREAM, *configs], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
-    lines = done.stdout.strip().splitlines()
-    assert lines, done.stderr[-2000:]
-    outcome = json.loads(lines[-1])
-    files = json.loads("\n".join(lines[:-1]))["files"]
+    report, outcome = _report_and_outcome(_FORKED_UPSTREAM, configs, megatron)
+    files = report["files"]
     assert all(entry["report"]["cross_check"]["ran"] for entry in files)
     assert outcome["dtensor"] and outcome["megatron"] == []
 

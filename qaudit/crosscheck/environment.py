@@ -334,6 +334,20 @@ def _cpu_megatron_calls(te_on_cpu: bool) -> contextlib.ExitStack:
     return stack
 
 
+def _out_of_place_attention_mask() -> contextlib.ExitStack:
+    """TE's unfused softmax (attention/dot_product_attention/softmax.py) masks its input in
+    place. In BF16 that input is its own float32 copy; the cross-check runs in float32, where
+    it is the FP8 attention emulation's pass-through output, which autograd refuses to write.
+    The masked scores out of place are the same values (nothing reads the input afterwards);
+    core attention has no linear module."""
+    stack = contextlib.ExitStack()
+    backends = importlib.import_module("transformer_engine.pytorch.attention.dot_product_attention.backends")
+    if hasattr(backends, "attention_mask_func"):
+        stack.enter_context(_patched(backends, "attention_mask_func",
+                                     lambda scores, mask: scores.masked_fill(mask, -10000.0)))
+    return stack
+
+
 def _no_custom_factory_imports() -> contextlib.ExitStack:
     """Without --allow-import, Megatron's `_get_custom_recipe` (which imports the factory a
     recipe names) gives a stand-in CustomRecipe instead: no code the input names is run."""
@@ -390,6 +404,8 @@ def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[N
                 stack.enter_context(_deterministic_without_inductor())
             _check_bound_to(te.kind != "standin")
             stack.enter_context(_cpu_megatron_calls(te.kind == "te-cpu"))
+            if te.kind == "te-cpu":
+                stack.enter_context(_out_of_place_attention_mask())
             if not allow_import:
                 stack.enter_context(_no_custom_factory_imports())
             stack.enter_context(_process_group())

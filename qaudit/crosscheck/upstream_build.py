@@ -142,6 +142,31 @@ def _cpu_substitutions(kwargs: dict[str, Any]) -> list[str]:
     return notes
 
 
+# TE's MXFP8 attention (`fp8_dot_product_attention` under an mxfp8 recipe) asserts sequence
+# lengths that are multiples of 128 and head sizes that are multiples of 32
+# (megatron/core/extensions/transformer_engine.py hands TE's check its message).
+MXFP8_ATTENTION_SEQUENCE, MXFP8_ATTENTION_HEAD = 128, 32
+
+
+def _sized_for_mxfp8_attention(upstream: UpstreamInput) -> list[str]:
+    """On TE's own Python, a config with MXFP8 attention is run at the smallest sequence and
+    head size TE accepts, instead of the shrunk model's 8 and 16: no compared fact depends on
+    a width or a length. Multi-latent attention keeps its sizes (its heads are split in
+    three; compared as built, quoting TE)."""
+    kwargs = upstream.config_kwargs
+    recipe = kwargs.get("fp8_recipe")
+    if upstream.mla or not kwargs.get("fp8_dot_product_attention") \
+            or getattr(recipe, "value", recipe) != "mxfp8":
+        return []
+    head = kwargs.get("kv_channels") or 0
+    sequence = upstream.model_kwargs["max_sequence_length"]
+    kwargs["kv_channels"] = -(-max(head, 1) // MXFP8_ATTENTION_HEAD) * MXFP8_ATTENTION_HEAD
+    upstream.model_kwargs["max_sequence_length"] = \
+        -(-sequence // MXFP8_ATTENTION_SEQUENCE) * MXFP8_ATTENTION_SEQUENCE
+    return [f"MXFP8 attention: run at sequence length {upstream.model_kwargs['max_sequence_length']}"
+            f" and head size {kwargs['kv_channels']} (TE's minimum; widths are not compared)"]
+
+
 def _unfused_attention_on_cpu(chunks: list[Chunk]) -> list[str]:
     """A config pinning TE's flash or fused attention: Megatron's model build has opted TE out
     of its unfused backend (LanguageModule._set_attention_backend), and a CPU has neither of
@@ -629,6 +654,8 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
     calls are recorded at TE's own forwards (te_side.observing) instead of by standin_te."""
     # upstream_environment restores os.environ afterwards.
     os.environ.update(upstream.environment)
+    if te_on_cpu:
+        upstream.notes.extend(_sized_for_mxfp8_attention(upstream))
     try:
         _, chunks = build_model(upstream, seed)
     except Rejected as exc:

@@ -55,7 +55,7 @@ from qaudit.runtime.wgrad import (BeforeBackward, WgradRule, documented_rule,
 PARAMS_DTYPE = torch.float32
 _POSED = "10.0"
 # Recipes whose casts qaudit's CPU kernel stand-in provides (qaudit/runtime/te_cpu/storage.py).
-STOOD_IN_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")  # qaudit/runtime/te_cpu/host.py POSED_CAPABILITY
+STOOD_IN_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4")  # qaudit/runtime/te_cpu/host.py POSED_CAPABILITY
 MODULE_KINDS = ("linear", "layernorm_linear", "grouped_linear")
 
 

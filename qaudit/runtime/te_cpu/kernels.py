@@ -9,12 +9,15 @@ TE's Python makes (docs/te-runtime.md lists each entry point and what it replace
   adds into the caller's `out` (beta=1), else overwrites it. Every GEMM that writes a
   buffer someone watches (a weight's `main_grad`) is reported with its `accumulate` flag:
   that flag IS TE's wgrad decision.
-- `quantize`, `bgrad_quantize`, `split_quantize`, `dequantize`, `fp8_transpose`: TE's cast
-  kernels over the buffers its quantizers allocate (qaudit/runtime/te_cpu/storage.py);
-  every cast of a watched source (a weight) is reported too, which is how weight-cache
-  refreshes are seen.
+- `quantize`, `bgrad_quantize`, `split_quantize`, `dequantize`, `fp8_transpose`,
+  `nvfp4_data_transpose`: TE's cast kernels over the buffers its quantizers allocate
+  (qaudit/runtime/te_cpu/storage.py); every cast of a watched source (a weight) is
+  reported too, which is how weight-cache refreshes are seen.
 - `layernorm_fwd/bwd`, `rmsnorm_fwd/bwd`: torch's norms, quantizing the output when TE
   fuses the cast.
+- `multi_tensor_transpose_to_bhsd`, `multi_tensor_swizzle_scales_for_gemm_unchecked_`: the
+  layout kernels of TE's MXFP8 attention (the scale swizzle is order-free here: one scale a
+  buffer).
 - enums TE reads at import, with the member sets TE asserts; a few constants.
 
 Anything else TE names resolves to a stub: usable as an enum value at import, raising
@@ -308,8 +311,10 @@ def te_general_grouped_gemm(A, transa, B, transb, out, out_dtype, m_splits, bias
 
 # -- casts ----------------------------------------------------------------------------------------
 
-def _fp8_dtype(quantizer) -> torch.dtype:
-    storage.family(quantizer)  # refuses the formats not stood in (NVFP4) by name
+def _fp8_dtype(quantizer) -> torch.dtype | None:
+    """The FP8 dtype of `quantizer`'s casts; None for NVFP4 (E2M1, storage.py's own codes)."""
+    if storage.family(quantizer) == "nvfp4":  # refuses the formats not stood in by name
+        return None
     return FP8_DTYPES[int(quantizer.dtype)]
 
 
@@ -423,6 +428,20 @@ def fp8_transpose(data, dtype=None, out=None):
     return out
 
 
+def nvfp4_data_transpose(data, out=None):
+    """An NVFP4 weight's columnwise copy made from its rowwise one (TE's 2D-scaled weights)."""
+    transposed = storage.transpose_fp4(data)
+    if out is None:
+        return transposed
+    out.copy_(transposed.reshape(out.shape))
+    return out
+
+
+def nvfp4_2d_scale_transpose(rowwise_scales, columnwise_scales, m_tiles, k_tiles):
+    """The matching block scales: one scale a buffer (storage.py), so the same value."""
+    columnwise_scales.fill_(int(rowwise_scales.reshape(-1)[0]) if rowwise_scales.numel() else 0)
+
+
 def compute_amax(tensor, amax):
     amax.copy_(tensor.detach().abs().amax().float().reshape(amax.shape))
 
@@ -531,6 +550,34 @@ def fused_multi_row_unpadding(inp, out, padded_m_splits, m_splits):
         out[dst:dst + rows].copy_(inp[src:src + rows])
 
 
+# -- attention layouts (TE's MXFP8 attention) ----------------------------------------------------------
+
+def multi_tensor_transpose_to_bhsd(tensors, original_format, outputs=None):
+    """Each 4-D tensor ([s, b, h, d] or [b, s, h, d]) as [b, h, s, d]; into `outputs` when
+    given (TE sizes those with the last dimension padded: the padding is left as it is)."""
+    order = (1, 2, 0, 3) if original_format == "sbhd" else (0, 2, 1, 3)
+    results = []
+    for i, tensor in enumerate(tensors):
+        if tensor is None:
+            results.append(None)
+            continue
+        permuted = tensor.permute(*order)
+        out = outputs[i] if outputs is not None else None
+        if out is None:
+            results.append(permuted.contiguous())
+            continue
+        out[..., :permuted.shape[-1]].copy_(permuted)
+        results.append(out)
+    return results
+
+
+def multi_tensor_swizzle_scales_for_gemm_unchecked_(tensors, rowwise, columnwise):
+    """cuBLAS's block-scale layout, in place. The stand-in writes one scale per buffer
+    (storage.py), so any reordering of a buffer leaves it as it is."""
+    for tensor in tensors:
+        storage.storage_family(tensor)  # a format the stand-in cannot read is refused by name
+
+
 # -- the module --------------------------------------------------------------------------------------
 
 ENTRY_POINTS = {
@@ -542,6 +589,8 @@ ENTRY_POINTS = {
     "dequantize": dequantize,
     "fp8_transpose": fp8_transpose,
     "compute_amax": compute_amax,
+    "nvfp4_data_transpose": nvfp4_data_transpose,
+    "nvfp4_2d_scale_transpose": nvfp4_2d_scale_transpose,
     "create_empty_quantized_tensor": create_empty_quantized_tensor,
     "layernorm_fwd": layernorm_fwd,
     "layernorm_bwd": layernorm_bwd,
@@ -549,6 +598,8 @@ ENTRY_POINTS = {
     "rmsnorm_bwd": rmsnorm_bwd,
     "fused_multi_row_padding": fused_multi_row_padding,
     "fused_multi_row_unpadding": fused_multi_row_unpadding,
+    "multi_tensor_transpose_to_bhsd": multi_tensor_transpose_to_bhsd,
+    "multi_tensor_swizzle_scales_for_gemm_unchecked_": multi_tensor_swizzle_scales_for_gemm_unchecked_,
 }
 CONSTANTS = {
     "get_cublasLt_version": lambda: 120800,  # below TE's grouped-tensor GEMM threshold

@@ -9,9 +9,13 @@ buffer shapes are TE's own (its quantizers allocate them); the values are the st
   amax-derived (current), E4M3/E5M2 bytes, the transpose where TE asked for one;
 - MXFP8 and Float8 block scaling: one power-of-two scale for the whole tensor written into
   every entry of TE's block-scale buffer. Real kernels scale per 32-element or 128-element
-  block; the audit reads decisions, not bits (docs/te-runtime.md, "limits").
-
-NVFP4 is not stood in: `fill` refuses it with one line naming it.
+  block; the audit reads decisions, not bits (docs/te-runtime.md, "limits");
+- NVFP4: E2M1 codes packed two to a byte (the even element in the low nibble), the tensor's
+  amax in TE's amax buffer and the largest E4M3 block scale (448) in every block-scale entry,
+  so a value decodes as code x amax / 6, TE's two-level scaling with one block scale for the
+  whole tensor. The columnwise copy is the transpose; the random Hadamard transform TE's
+  kernel applies to both operands of a weight-gradient GEMM cancels in that product and is
+  not applied (H is orthogonal), and rounding is to nearest, never stochastic.
 """
 
 from __future__ import annotations
@@ -22,6 +26,12 @@ import struct
 import torch
 
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+FP4_MAX = 6.0
+# E2M1's magnitudes by code (bit 3 is the sign) and the midpoints that round to them.
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+_E2M1_SIGNED = torch.cat([_E2M1, -_E2M1])
+_E2M1_MIDPOINTS = (_E2M1[1:] + _E2M1[:-1]) / 2
+_E4M3_MAX_BYTE = int(torch.tensor(448.0).to(torch.float8_e4m3fn).view(torch.uint8))
 
 
 class NotStoodIn(NotImplementedError):
@@ -36,6 +46,8 @@ def family(quantizer) -> str:
         return "mxfp8"
     if name == "Float8BlockQuantizer":
         return "block"
+    if name == "NVFP4Quantizer":
+        return "nvfp4"
     raise NotStoodIn(f"the qaudit CPU stand-in has no cast kernel for TE's {name}")
 
 
@@ -63,6 +75,8 @@ def _family_of(tensor) -> str | None:
         return "block"
     if hasattr(tensor, "_rowwise_data") and "MXFP8" in type(tensor).__name__:
         return "mxfp8"
+    if hasattr(tensor, "_amax_rowwise") and "NVFP4" in type(tensor).__name__:
+        return "nvfp4"
     if hasattr(tensor, "_rowwise_data"):
         raise NotStoodIn(f"the qaudit CPU stand-in cannot read TE's {type(tensor).__name__}")
     return None
@@ -132,6 +146,9 @@ def fill(src: torch.Tensor, quantizer, dst, fp8: torch.dtype) -> None:
     if src.numel() == 0:  # an expert without tokens: nothing to cast, unit scales
         _fill_empty(dst, kind)
         return
+    if kind == "nvfp4":
+        _fill_nvfp4(_as_2d(src), dst)
+        return
     if kind == "float8":
         if type(quantizer).__name__ == "Float8Quantizer":  # delayed: TE holds scale and amax
             scale = _first(quantizer.scale)
@@ -169,9 +186,59 @@ def fill(src: torch.Tensor, quantizer, dst, fp8: torch.dtype) -> None:
         dst._columnwise_scale_inv.fill_(_reciprocal(pow2))
 
 
+def _encode_fp4(x: torch.Tensor, amax: float) -> torch.Tensor:
+    """The matrix `x` [rows, cols] as E2M1 codes of x * 6 / amax, two to a byte."""
+    scaled = x * (FP4_MAX / amax) if amax > 0 else torch.zeros_like(x)
+    codes = torch.bucketize(scaled.abs(), _E2M1_MIDPOINTS).to(torch.uint8)
+    codes |= (scaled < 0).to(torch.uint8) << 3
+    return _pack_fp4(codes)
+
+
+def _pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def _unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+
+
+def _decode_fp4(packed: torch.Tensor, scale: float) -> torch.Tensor:
+    return _E2M1_SIGNED[_unpack_fp4(packed).long()].mul_(scale)
+
+
+def transpose_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """Packed codes [rows, cols / 2] as the packed transpose [cols, rows / 2]. The codes are
+    kept: one scale covers both copies."""
+    return _pack_fp4(_unpack_fp4(packed.reshape(-1, packed.shape[-1])).t().contiguous())
+
+
+def _fill_nvfp4(x: torch.Tensor, dst) -> None:
+    amax = _amax(x)
+    for buffer, scales, amax_buffer, source in (
+            (dst._rowwise_data, dst._rowwise_scale_inv, dst._amax_rowwise, x),
+            (dst._columnwise_data, dst._columnwise_scale_inv, dst._amax_columnwise, x.t().contiguous())):
+        if buffer is None:
+            continue
+        buffer.copy_(_encode_fp4(source, amax).reshape(buffer.shape))
+        scales.fill_(_E4M3_MAX_BYTE)
+        amax_buffer.fill_(amax)
+
+
+def _nvfp4_logical(tensor, use_columnwise: bool) -> torch.Tensor:
+    data, scales, amax = ((tensor._columnwise_data, tensor._columnwise_scale_inv, tensor._amax_columnwise)
+                          if use_columnwise else
+                          (tensor._rowwise_data, tensor._rowwise_scale_inv, tensor._amax_rowwise))
+    block_scale = float(scales.reshape(-1)[:1].view(torch.float8_e4m3fn).float()) if scales.numel() else 448.0
+    # TE's decode: code x block scale x (amax / (6 x 448)), the second factor the global scale.
+    scale = block_scale * _first(amax, 0.0) / (FP4_MAX * 448.0)
+    if use_columnwise:
+        return _decode_fp4(data.reshape(data.shape[0], -1), scale).t()
+    return _decode_fp4(data.reshape(-1, data.shape[-1]), scale)
+
+
 def _fill_empty(dst, kind: str) -> None:
     names = (("_scale_inv",) if kind == "float8" else ("_rowwise_scale_inv", "_columnwise_scale_inv"))
-    unit = 127 if kind == "mxfp8" else 1.0  # E8M0 exponent bias: a scale of 1
+    unit = {"mxfp8": 127, "nvfp4": _E4M3_MAX_BYTE}.get(kind, 1.0)  # E8M0 bias 127: a scale of 1
     for name in names:
         buffer = getattr(dst, name, None)
         if buffer is not None and buffer.numel():
@@ -193,6 +260,9 @@ def logical(tensor, usage: str, dtypes) -> torch.Tensor:
     kind = storage_family(tensor)
     if kind is None:
         return _as_2d(tensor.float() if tensor.dtype != torch.float32 else tensor)
+    if kind == "nvfp4":
+        columnwise = tensor._columnwise_data is not None
+        return _nvfp4_logical(tensor, (usage == "columnwise" and columnwise) or tensor._rowwise_data is None)
     fp8 = _fp8_of(tensor, dtypes)
     if kind == "float8":
         scale_inv = _first(tensor._scale_inv)
@@ -227,6 +297,13 @@ def logical_shape(tensor) -> tuple[int, ...]:
             return tuple(tensor._data.shape)
         t = tensor._transpose.shape
         return (*t[1:], t[0])
+    if kind == "nvfp4":  # two codes a byte; the columnwise copy is the transpose
+        if tensor._rowwise_data is not None:
+            *rest, last = tensor._rowwise_data.shape
+            return (*rest, last * 2)
+        first, *rest = tensor._columnwise_data.shape
+        rest[-1] *= 2
+        return (*rest, first)
     if tensor._rowwise_data is not None:
         return tuple(tensor._rowwise_data.shape)
     c = tensor._columnwise_data.shape
