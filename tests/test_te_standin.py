@@ -114,6 +114,18 @@ def test_an_nvfp4_columnwise_copy_made_from_the_rowwise_one_reads_the_same():
     assert torch.allclose(rows, _nearest_e2m1(w), atol=1e-6)
 
 
+def test_an_empty_nvfp4_cast_writes_unit_block_scales_and_a_zero_amax():
+    """An expert no token reached: nothing to encode, and nothing left uninitialized that a
+    later read of the amax could pick up."""
+    dst = NVFP4TensorStorage((0, 32), True, True)
+    dst._amax_rowwise.fill_(float("nan"))
+    dst._amax_columnwise.fill_(float("nan"))
+    kernels.quantize(torch.empty(0, 32), dst._quantizer, dst)
+    assert float(dst._amax_rowwise) == float(dst._amax_columnwise) == 0.0
+    assert torch.equal(dst._rowwise_scale_inv.view(torch.float8_e4m3fn).float(),
+                       torch.full((128, 4), 448.0))
+
+
 def test_an_nvfp4_gemm_is_the_product_of_the_rounded_operands():
     torch.manual_seed(1)
     x, w = torch.randn(16, 32), torch.randn(8, 32)

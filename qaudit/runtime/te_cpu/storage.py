@@ -239,6 +239,10 @@ def _nvfp4_logical(tensor, use_columnwise: bool) -> torch.Tensor:
 def _fill_empty(dst, kind: str) -> None:
     names = (("_scale_inv",) if kind == "float8" else ("_rowwise_scale_inv", "_columnwise_scale_inv"))
     unit = {"mxfp8": 127, "nvfp4": _E4M3_MAX_BYTE}.get(kind, 1.0)  # E8M0 bias 127: a scale of 1
+    if kind == "nvfp4":  # no element: an amax of 0, never the allocation's leftover bytes
+        for amax in (dst._amax_rowwise, dst._amax_columnwise):
+            if amax is not None:
+                amax.zero_()
     for name in names:
         buffer = getattr(dst, name, None)
         if buffer is not None and buffer.numel():
