@@ -16,7 +16,7 @@ from qaudit.load.precision import Quant
 E4M3_MAX = 448.0
 E5M2_MAX = 57344.0
 E2M1_MAX = 6.0
-_E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _TINY = 1e-30
 
 
@@ -84,9 +84,9 @@ def _blockwise(x: torch.Tensor, fmt: str, role: str) -> torch.Tensor:
 
 
 def _round_e2m1(x: torch.Tensor) -> torch.Tensor:
-    grid = torch.tensor(_E2M1_GRID, dtype=x.dtype, device=x.device)
+    grid = torch.tensor(E2M1_GRID, dtype=x.dtype, device=x.device)
     magnitude = x.abs().clamp(max=E2M1_MAX)
-    upper = torch.bucketize(magnitude, grid).clamp(max=len(_E2M1_GRID) - 1)
+    upper = torch.bucketize(magnitude, grid).clamp(max=len(E2M1_GRID) - 1)
     lower = (upper - 1).clamp(min=0)
     pick_upper = (grid[upper] - magnitude) < (magnitude - grid[lower])
     return torch.where(pick_upper, grid[upper], grid[lower]) * torch.sign(x)

@@ -54,8 +54,6 @@ from qaudit.runtime.wgrad import (BeforeBackward, WgradRule, documented_rule,
 
 PARAMS_DTYPE = torch.float32
 _POSED = "10.0"
-# Recipes whose casts qaudit's CPU kernel stand-in provides (qaudit/runtime/te_cpu/storage.py).
-STOOD_IN_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4")  # qaudit/runtime/te_cpu/host.py POSED_CAPABILITY
 MODULE_KINDS = ("linear", "layernorm_linear", "grouped_linear")
 
 
@@ -511,11 +509,6 @@ class TERuntime:
                 f"--runtime te: recipe {quant.label} needs Transformer Engine's {spec.te_class} "
                 f"(TE {spec.since} or newer), and TE {self.api.version} has none; upgrade TE or "
                 f"use --runtime reference")
-        if self.kernels is not None and quant.recipe not in STOOD_IN_RECIPES:
-            raise EnvironmentProblem(
-                f"--runtime te: recipe {quant.label} ({spec.te_class}) has no cast kernel in "
-                f"qaudit's CPU stand-in for TE's kernels (docs/te-runtime.md); audit it with "
-                f"--runtime reference, or on a GPU")
         self._check_gpu(quant, spec)
         if quant.recipe == "nvfp4":
             recipe = cls()

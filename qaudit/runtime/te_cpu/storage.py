@@ -25,10 +25,11 @@ import struct
 
 import torch
 
+from qaudit.runtime.fakequant import E2M1_GRID, E2M1_MAX as FP4_MAX
+
 FP8_MAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
-FP4_MAX = 6.0
 # E2M1's magnitudes by code (bit 3 is the sign) and the midpoints that round to them.
-_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+_E2M1 = torch.tensor(E2M1_GRID)
 _E2M1_SIGNED = torch.cat([_E2M1, -_E2M1])
 _E2M1_MIDPOINTS = (_E2M1[1:] + _E2M1[:-1]) / 2
 _E4M3_MAX_BYTE = int(torch.tensor(448.0).to(torch.float8_e4m3fn).view(torch.uint8))
