@@ -361,11 +361,9 @@ T5_FILES = (
 )
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not CORPUS.is_dir(), reason=f"corpus not found at {CORPUS}")
-@pytest.mark.parametrize("name", [f"megatron/{n}" for n in
-                                  MEGATRON_FILES + (ULTRA_FILE,) + T5_FILES] + _bridge_files())
-def test_hybrid_corpus_file_cross_checks(hybrid_megatron, monkeypatch, capsys, name):
+def check_corpus_file(monkeypatch, capsys, name: str) -> None:
+    """One corpus file through --cross-check: every module compared after a training run with
+    no difference (tests/test_families_corpus_*.py, one file per half of the corpus)."""
     code, report = cross_check(monkeypatch, capsys, str(CORPUS / name))
     result = report["cross_check"]
     if name in REFUSED:

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ MEGATRON = os.environ.get("QAUDIT_TEST_MEGATRON_CORE", "")
 CORPUS = REPO.parent / "shared" / "corpus"
 # Dense BF16 on every release; grouped MoE experts in MXFP8 (TE's Fp8Padding) on the newest.
 # Both with qaudit's own audit on the te runtime too (a TE install's default). Every bundled
-# config on the newest release: test_every_bundled_config_and_the_corpus_on_tes_own_python.
+# config on the newest release: te_cpu_sweep.py (tests/test_te_cpu_sweep_*.py).
 CONFIGS = ("gpt-small-bf16", "moe-mxfp8")
 
 
@@ -234,73 +233,3 @@ def test_mxfp8_attention_trains_at_the_sizes_te_accepts(tmp_path):
     assert result["modules_compared"] == len(document["modules"]) > 0
     assert result["not_covered"] == ["MXFP8 attention: run at sequence length 128 and head "
                                      "size 32 (TE's minimum; widths are not compared)"]
-
-
-def _corpus_selection() -> list[str]:
-    """At least 60 corpus files, spread over what the corpus has: two in three of the stand-in
-    side's corpus sweep (dense, MoE, MLA, MTP, FP8 recipes, pipelining, FSDP, launch scripts),
-    half the hybrid ones (Nemotron-3.5 Lightning's repeated MTP among them), half the T5 ones,
-    and five of Megatron-Bridge's Nemotron-3.5 Lightning dumps (BF16, FP8 current scaling with
-    fp8_param and TE's own recompute, MXFP8 with FP8 attention, NVFP4, Megatron-FSDP)."""
-    import test_crosscheck_corpus as dense
-    import test_crosscheck_families as families
-
-    files = [f"megatron/{name}" for index, name in enumerate(sorted(dense.FILES))
-             if index % 3 != 2]
-    files += [f"megatron/{name}" for name in families.MEGATRON_FILES[::2]]
-    files += [f"megatron/{name}" for name in families.T5_FILES[::2]]
-    files += [f"bridge/dumps/nemotron_3_5_lightning_pretrain_{name}_config.yaml" for name in (
-        "8gpu_b200_bf16", "16gpu_h100_fp8cs", "8gpu_gb200_fp8mx", "8gpu_gb200_nvfp4",
-        "8k_fsdp")]
-    # (Three hybrid files are in both lists.)
-    return [str(CORPUS / name) for name in dict.fromkeys(files)]
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not TE_DIRS or not MEGATRON,
-                    reason="QAUDIT_TEST_TE_DIRS and QAUDIT_TEST_MEGATRON_CORE not both set")
-@pytest.mark.skipif(not CORPUS.is_dir(), reason=f"corpus not found at {CORPUS}")
-def test_every_bundled_config_and_the_corpus_on_tes_own_python():
-    """Megatron 0.19.2 on TE's own Python (newest fetched release): no difference on any
-    bundled config or selected corpus file. Two `qaudit check` processes of many files each,
-    side by side (each file's upstream side is its own forked worker); qaudit's own audit on
-    the reference runtime (the te runtime has its own corpus test, test_te_standin.py)."""
-    paths = [str(path) for path in sorted((REPO / "configs").glob("*.yaml"))]
-    corpus = _corpus_selection()
-    assert len(corpus) >= 60
-    assert any("hybrid__" in path for path in corpus) and any("t5__" in path for path in corpus)
-    everything = paths + corpus
-    halves = [everything[0::2], everything[1::2]]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        # The deadline is the test's, not the worker's default: on a loaded 2-core machine
-        # Nemotron-3 Super's upstream side alone can pass 900 s.
-        documents = list(pool.map(lambda part: _check(TE_DIRS[-1], part, "--runtime",
-                                                      "reference", "--cross-check-timeout",
-                                                      "3600"), halves))
-    version = TE_DIRS[-1].name.removeprefix("te-")
-    problems, untrained, as_built = [], [], set()
-    for document in documents:
-        for entry in document["files"]:
-            report = entry.get("report")
-            if report is None:
-                problems.append((entry["path"], entry.get("error")))
-                continue
-            result = report["cross_check"]
-            assert result["te"].startswith(f"Transformer Engine {version} Python on CPU")
-            if not result["ran"]:
-                as_built.add(Path(entry["path"]).name)
-            # A file not trained on TE's modules says why (a CUDA-only feature, a kernel the
-            # stand-in lacks, TE's own size checks at shrunk widths): never silently.
-            if not result["ran"] and not any("compared as built" in note or "cannot build" in
-                                             note for note in result["not_covered"]):
-                untrained.append((entry["path"], result["not_covered"]))
-            # Every file is built and every module compared (NVFP4's dump too).
-            compared = result["modules_compared"] == len(report["modules"])
-            if result["differences"] or not compared:
-                problems.append((entry["path"], result["differences"][:3],
-                                 result["not_covered"]))
-    assert problems == []
-    assert untrained == []
-    # All of them train on TE 2.20.2's modules: pinned attention backends, T5, and Bridge's
-    # NVFP4 and MXFP8-attention dumps among them.
-    assert as_built == set()

@@ -1,0 +1,83 @@
+"""The cross-check on TE's own Python over every bundled config and a corpus selection,
+in shards: each shard is one `qaudit check` process over its files (each file's upstream side
+its own forked worker), so that pytest-xdist spreads the sweep over the cores and no test
+file runs for more than a few minutes (tests/test_te_cpu_sweep_*.py hold the shards)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from test_crosscheck_te_cpu import CORPUS, MEGATRON, REPO, TE_DIRS, _check
+
+SHARDS = 4
+
+needs_te_and_megatron = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not TE_DIRS or not MEGATRON,
+                       reason="QAUDIT_TEST_TE_DIRS and QAUDIT_TEST_MEGATRON_CORE not both set"),
+    pytest.mark.skipif(not CORPUS.is_dir(), reason=f"corpus not found at {CORPUS}"),
+]
+
+
+def corpus_selection() -> list[str]:
+    """At least 60 corpus files, spread over what the corpus has: two in three of the stand-in
+    side's corpus sweep (dense, MoE, MLA, MTP, FP8 recipes, pipelining, FSDP, launch scripts),
+    half the hybrid ones (Nemotron-3.5 Lightning's repeated MTP among them), half the T5 ones,
+    and five of Megatron-Bridge's Nemotron-3.5 Lightning dumps (BF16, FP8 current scaling with
+    fp8_param and TE's own recompute, MXFP8 with FP8 attention, NVFP4, Megatron-FSDP)."""
+    import test_crosscheck_corpus as dense
+    import test_crosscheck_families as families
+
+    files = [f"megatron/{name}" for index, name in enumerate(sorted(dense.FILES))
+             if index % 3 != 2]
+    files += [f"megatron/{name}" for name in families.MEGATRON_FILES[::2]]
+    files += [f"megatron/{name}" for name in families.T5_FILES[::2]]
+    files += [f"bridge/dumps/nemotron_3_5_lightning_pretrain_{name}_config.yaml" for name in (
+        "8gpu_b200_bf16", "16gpu_h100_fp8cs", "8gpu_gb200_fp8mx", "8gpu_gb200_nvfp4",
+        "8k_fsdp")]
+    # (Three hybrid files are in both lists.)
+    return [str(CORPUS / name) for name in dict.fromkeys(files)]
+
+
+def every_file() -> list[str]:
+    return [str(path) for path in sorted((REPO / "configs").glob("*.yaml"))] + corpus_selection()
+
+
+def shard(index: int) -> list[str]:
+    return every_file()[index::SHARDS]
+
+
+def check_shard(index: int) -> None:
+    """Megatron 0.19.2 on TE's own Python (newest fetched release): no difference on any file
+    of the shard, every module compared, and every file trained on TE's modules (pinned
+    attention backends, T5, Bridge's NVFP4 and MXFP8-attention dumps among them)."""
+    # The deadline is the test's, not the worker's default: on a loaded 2-core machine
+    # Nemotron-3 Super's upstream side alone can pass 900 s.
+    document = _check(TE_DIRS[-1], shard(index), "--runtime", "reference",
+                      "--cross-check-timeout", "3600")
+    version = TE_DIRS[-1].name.removeprefix("te-")
+    problems, untrained, as_built = [], [], set()
+    for entry in document["files"]:
+        report = entry.get("report")
+        if report is None:
+            problems.append((entry["path"], entry.get("error")))
+            continue
+        result = report["cross_check"]
+        assert result["te"].startswith(f"Transformer Engine {version} Python on CPU")
+        if not result["ran"]:
+            as_built.add(Path(entry["path"]).name)
+        # A file not trained on TE's modules says why (a CUDA-only feature, a kernel the
+        # stand-in lacks, TE's own size checks at shrunk widths): never silently.
+        if not result["ran"] and not any("compared as built" in note or "cannot build" in
+                                         note for note in result["not_covered"]):
+            untrained.append((entry["path"], result["not_covered"]))
+        # Every file is built and every module compared (NVFP4's dump too).
+        compared = result["modules_compared"] == len(report["modules"])
+        if result["differences"] or not compared:
+            problems.append((entry["path"], result["differences"][:3], result["not_covered"]))
+    assert len(document["files"]) == len(shard(index))
+    assert problems == []
+    assert untrained == []
+    assert as_built == set()
