@@ -409,6 +409,51 @@ def env(output_format: EnvFormat = typer.Option(EnvFormat.table, "--format", "-f
     sys.stdout.write(defuse(render(report)))  # installed metadata is input text too
 
 
+class GuardMode(str, Enum):
+    stop = "stop"
+    warn = "warn"
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def guard(
+    command: Optional[list[str]] = typer.Argument(
+        None, help="The launch command, after --: torchrun ..., python train.py ..."),
+    mode: GuardMode = typer.Option(GuardMode.stop, "--mode",
+                                   help="stop: end the job before an optimizer step whose "
+                                        "gradients were lost; warn: say so and run on."),
+    steps: int = typer.Option(1, "--steps", min=1,
+                              help="Training steps watched, from the first (docs/guard.md)."),
+    report: Optional[str] = typer.Option(None, "--report",
+                                         help="Write the JSON report (qaudit check's schema)."),
+    numeric: bool = typer.Option(False, "--numeric",
+                                 help="Measure each write into main_grad against the call's "
+                                      "own weight gradient."),
+    fail_on: FailOn = typer.Option(FailOn.error, "--fail-on",
+                                   help="Findings at or above this stop the job."),
+    cpu: bool = typer.Option(False, "--cpu",
+                             help="For tests and demos: run the job on TE's own Python on "
+                                  "qaudit's CPU kernel stand-in, with gloo."),
+) -> None:
+    """Run a training launch command with the guard inside it: the same verdict as `check`,
+    observed in the real run, which is stopped before a step with lost gradients."""
+    from qaudit.files.outputs import check_output_path
+    from qaudit.guard import launch
+    from qaudit.guard.session import GuardOptions
+
+    try:
+        if report:
+            check_output_path(report, "--report")
+        outcome = launch.run(list(command or []), GuardOptions(
+            mode=mode.value, steps=steps, report=report, numeric=numeric,
+            fail_on=fail_on.value), cpu=cpu)
+    except InputError as exc:
+        _fail(f"error: {exc}", EXIT_USAGE)
+    except EnvironmentProblem as exc:
+        _fail(f"error: {exc}", EXIT_INTERNAL)
+    sys.stderr.write(f"qaudit guard: {printable(outcome.message)}\n")
+    raise typer.Exit(outcome.code)
+
+
 @app.command()
 def version() -> None:
     """Print qaudit's version."""

@@ -37,6 +37,8 @@ def stage_of(module: str) -> str:
         return FAMILY_KINDS[parts[3]] if len(parts) > 3 else "load"
     if top == "crosscheck":
         return "run"  # builds and runs the config with upstream's code: a second run
+    if top == "guard":
+        return "commands"  # the guard: a command, and its agent inside the user's run
     assert top in STAGES, f"{module}: not in a stage package"
     return top
 

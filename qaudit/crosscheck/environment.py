@@ -367,15 +367,12 @@ def _no_custom_factory_imports() -> contextlib.ExitStack:
     return stack
 
 
-@contextlib.contextmanager
-def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[None]:
-    """Import the user's Megatron and let it build and train here (see the module docstring).
-    `te`: the TE side decided in the audit process (crosscheck/te_side.py `decide`, which
-    also refuses the sides this machine cannot give): `real` stands nothing in for TE or
-    CUDA; `te-cpu` boots TE's own Python on qaudit's CPU kernel stand-in
-    (qaudit/runtime/te_cpu) and stands in the rest of CUDA; `standin` puts qaudit's stand-in
-    TE package in place.
-    `allow_import`: --allow-import, Megatron may import a recipe's custom factory."""
+def process_stand_ins(te: "TESide", stack: contextlib.ExitStack) -> None:
+    """Enter, on `stack`, what this process needs before Megatron is imported: the stand-in
+    packages and modules (TE unless a real one runs, APEX's fused wgrad kernel, mamba_ssm,
+    the triton-kernel modules), torch.cuda's answers for a CPU process, typing.override,
+    torch.compile run eagerly, and TE on the CPU kernel stand-in booted (te-cpu).
+    The guard's `--cpu` keeps them for the life of the process (qaudit/guard/cpu.py)."""
     use_real_te = te.kind == "real"
     stubs: dict[str, types.ModuleType] = {}
     if te.kind == "te-cpu":
@@ -386,32 +383,50 @@ def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[N
         stubs["fused_weight_gradient_mlp_cuda"] = _fused_wgrad_module()
     stubs.update(_mamba_standins())
     stubs.update({name: _kernel_module(name) for name in TRITON_MODULES})
-    environment = dict(os.environ)
     os.environ["NO_VCS_VERSION"] = "1"  # package_info.py would run `git rev-parse` otherwise
     if te.kind == "te-cpu":
         # FP8 attention (fp8_dot_product_attention) has only fused GPU backends; TE's own
         # switch lets its unfused PyTorch backend emulate it (read by TE 2.14 on; 2.8 does not).
         os.environ.setdefault("NVTE_UnfusedDPA_Emulate_FP8", "1")
+    stack.enter_context(_sys_modules(stubs))
+    stack.enter_context(_triton_kernel_finder())
+    if not use_real_te:
+        stack.enter_context(_cpu_cuda_answers())
+    stack.enter_context(_typing_override())
+    if not use_real_te:
+        # Megatron decorates its fused functions with torch.compile at import
+        # (megatron/core/jit.py, jit_fuser), which imports dynamo and inductor
+        # (seconds); on CPU they run eagerly, and the kernel fusions are off anyway.
+        stack.enter_context(_patched(torch, "compile", _eager))
+        stack.enter_context(_deterministic_without_inductor())
+
+
+def megatron_stand_ins(te: "TESide", stack: contextlib.ExitStack, allow_import: bool) -> None:
+    """Enter, on `stack`, the stand-ins inside Megatron's (and TE's) own modules; imports them.
+    `allow_import`: --allow-import, Megatron may import a recipe's custom factory."""
+    stack.enter_context(_cpu_megatron_calls(te.kind == "te-cpu"))
+    if te.kind == "te-cpu":
+        stack.enter_context(_out_of_place_attention_mask())
+    if not allow_import:
+        stack.enter_context(_no_custom_factory_imports())
+
+
+@contextlib.contextmanager
+def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[None]:
+    """Import the user's Megatron and let it build and train here (see the module docstring).
+    `te`: the TE side decided in the audit process (crosscheck/te_side.py `decide`, which
+    also refuses the sides this machine cannot give): `real` stands nothing in for TE or
+    CUDA; `te-cpu` boots TE's own Python on qaudit's CPU kernel stand-in
+    (qaudit/runtime/te_cpu) and stands in the rest of CUDA; `standin` puts qaudit's stand-in
+    TE package in place.
+    `allow_import`: --allow-import, Megatron may import a recipe's custom factory."""
+    environment = dict(os.environ)
     try:
         with contextlib.ExitStack() as stack, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            stack.enter_context(_sys_modules(stubs))
-            stack.enter_context(_triton_kernel_finder())
-            if not use_real_te:
-                stack.enter_context(_cpu_cuda_answers())
-            stack.enter_context(_typing_override())
-            if not use_real_te:
-                # Megatron decorates its fused functions with torch.compile at import
-                # (megatron/core/jit.py, jit_fuser), which imports dynamo and inductor
-                # (seconds); on CPU they run eagerly, and the kernel fusions are off anyway.
-                stack.enter_context(_patched(torch, "compile", _eager))
-                stack.enter_context(_deterministic_without_inductor())
+            process_stand_ins(te, stack)
             _check_bound_to(te.kind != "standin")
-            stack.enter_context(_cpu_megatron_calls(te.kind == "te-cpu"))
-            if te.kind == "te-cpu":
-                stack.enter_context(_out_of_place_attention_mask())
-            if not allow_import:
-                stack.enter_context(_no_custom_factory_imports())
+            megatron_stand_ins(te, stack, allow_import)
             stack.enter_context(_process_group())
             standin_gemm.clear_writes()
             yield

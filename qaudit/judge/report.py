@@ -70,6 +70,8 @@ class Report:
     # ConfigContainer's provider and version, and settings resolved for the GPU job
     # (qaudit/load/bridge/). None for the other inputs.
     source: list[str] | None = None
+    # The guard (qaudit/guard/verdict.py): what it watched, ranks, numeric checks, failures.
+    guard: dict[str, Any] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
@@ -104,6 +106,7 @@ class Report:
             **({"cross_check": self.cross_check} if self.cross_check is not None else {}),
             **({"memory": self.memory} if self.memory is not None else {}),
             **({"gemm_shapes": self.gemm_shapes} if self.gemm_shapes is not None else {}),
+            **({"guard": self.guard} if self.guard is not None else {}),
         }
 
 

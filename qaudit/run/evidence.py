@@ -41,6 +41,10 @@ class AuditFacts:
     te_shape_checks: Any = None
     # Values a rule computes once that the report reuses (QA040's shapes), by the rule's key.
     derived: dict[str, Any] = field(default_factory=dict)
+    # The guard (qaudit/guard/): the records were observed in a live run, not qaudit's audit;
+    # writes into main_grad that no call's backward explains (qaudit/run/observe.py).
+    observed: bool = False
+    stray_writes: list[Any] = field(default_factory=list)
 
     @cached_property
     def rows_by_name(self) -> dict[str, ModuleRow]:

@@ -73,10 +73,13 @@ def _fix(config: ModelConfig, module: str, policy: str, stale: bool, high_precis
     return "; or ".join(options)
 
 
-def _when(lossy: list[CallRecord], steps: int) -> str:
+def _when(lossy: list[CallRecord], steps: int, observed: bool = False) -> str:
     lossy_steps = sorted({r.step for r in lossy})
     microbatches = sorted({r.microbatch for r in lossy})
     mbs = ", ".join(str(m) for m in microbatches)
+    if observed:  # the guard: what the watched steps showed, no claim about later ones
+        return (f"on microbatch {mbs} of watched step(s) "
+                f"{', '.join(str(s + 1) for s in lossy_steps)} of {steps}")
     if lossy_steps == [0] and steps > 1:
         return (f"on microbatch {mbs} of the first step only: the flag is never re-armed in this "
                 "config, so the loss repeats on the first step after every start or resume")
@@ -125,6 +128,8 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
         own_linear = module not in facts.te_modules and fsdp.fsdp_params
         fsdp_loss = row.accumulation == "overwrite-always" and (
             own_linear or facts.overwrite_main_grad.get(module, False))
+        if not fsdp_loss and first.flag is not True:
+            continue  # neither cause explains this overwrite: QA007's, observed in a run
         if fsdp_loss:
             writer = ("Megatron's own linear writes its wgrad GEMM's output into the "
                       "Megatron-FSDP parameter's main_grad (out=main_grad, no accumulate)"
@@ -145,7 +150,7 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
         key, file, line = _cause(config, module, fsdp_loss, repeated)
         stale = row.tracked == "stale"
         message = (f"{module}: called {row.calls_per_microbatch}x per microbatch; {why}; "
-                   f"gradient lost {_when(lossy, steps)} ({key})")
+                   f"gradient lost {_when(lossy, steps, facts.observed)} ({key})")
         fix = (_fsdp_fix(config, module, repeated, fsdp.drained_each_backward) if fsdp_loss
                else _fix(config, module, facts.policy.name, stale, row.precision == "bf16"))
         yield Hit(module=module, message=message, file=file, line=line, fix=fix)

@@ -624,7 +624,9 @@ def build(with_max512_backend: bool) -> types.ModuleType:
     module = _StandIn("transformer_engine_torch")
     module.__doc__ = "qaudit's CPU stand-in for Transformer Engine's compiled extension"
     module.QAUDIT_STAND_IN = True
-    for name, value in {**ENTRY_POINTS, **CONSTANTS}.items():
+    from qaudit.runtime.te_cpu import optimizer_kernels
+
+    for name, value in {**ENTRY_POINTS, **optimizer_kernels.ENTRY_POINTS, **CONSTANTS}.items():
         setattr(module, name, value)
     module.DType = DType
     module.FP8FwdTensors = FP8FwdTensors

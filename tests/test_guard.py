@@ -1,0 +1,245 @@
+"""The guard's pieces without Megatron: the observer on a minimal TE-shaped module, the
+verdict's rules (QA001 against QA007), the launcher's exit codes and its usage errors.
+The guard inside a real Megatron training run: tests/test_guard_run.py (slow)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from qaudit.guard import launch
+from qaudit.guard.session import EXIT_GUARD_FAILED, EXIT_STOPPED, GuardOptions
+from qaudit.guard.verdict import build_report, model_config
+from qaudit.run.observe import LiveObserver
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class _Gemms:
+    """TE's GEMM entry point, as TE's module code calls it: `out` and `accumulate` keywords."""
+
+    calls = 0
+
+    @staticmethod
+    def general_gemm(a, b, out_dtype=None, accumulate=False, layout="TN", out=None,
+                     grad=False):
+        _Gemms.calls += 1
+        product = b.t() @ a
+        if out is None:
+            return product, None
+        if accumulate:
+            out.add_(product)
+        else:
+            out.copy_(product)
+        return out, None
+
+
+class _LinearFunction(torch.autograd.Function):
+    """A TE-like fused linear: forward saves the flag; backward writes main_grad through the
+    GEMM entry point with TE's rule (accumulate unless is_first_microbatch)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, flag, module):
+        ctx.save_for_backward(x)
+        ctx.weight, ctx.flag, ctx.module = weight, flag, module
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        weight = ctx.weight
+        accumulate = not ctx.flag if ctx.flag is not None else True
+        gemm = sys.modules["transformer_engine.pytorch.module.linear"].general_gemm
+        gemm(x, grad, accumulate=accumulate, layout="NT", out=weight.main_grad, grad=True)
+        return grad @ weight, None, None, None
+
+
+@pytest.fixture
+def fake_te(monkeypatch):
+    """`transformer_engine.pytorch.Linear` and TE's GEMM module, as far as the observer looks."""
+    pytorch = types.ModuleType("transformer_engine.pytorch")
+    gemm_module = types.ModuleType("transformer_engine.pytorch.cpp_extensions.gemm")
+    gemm_module.general_gemm = _Gemms.general_gemm
+    linear_module = types.ModuleType("transformer_engine.pytorch.module.linear")
+    linear_module.general_gemm = _Gemms.general_gemm
+
+    class Linear(torch.nn.Module):
+        def __init__(self, width: int, fuse: bool = True) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(width, width))
+            self.weight.main_grad = torch.zeros(width, width)
+            self.fuse_wgrad_accumulation = fuse
+
+        def forward(self, x, is_first_microbatch=None):
+            return _LinearFunction.apply(x, self.weight, is_first_microbatch, self)
+
+    pytorch.Linear = Linear
+    for name, module in {"transformer_engine": types.ModuleType("transformer_engine"),
+                         "transformer_engine.pytorch": pytorch,
+                         "transformer_engine.pytorch.cpp_extensions.gemm": gemm_module,
+                         "transformer_engine.pytorch.module.linear": linear_module}.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    return pytorch
+
+
+def _repeated_model(pytorch):
+    """One module applied twice (a repeated MTP layer): call 1 gets the armed flag."""
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = pytorch.Linear(4)
+            self.armed = True
+
+        def forward(self, x):
+            flag, self.armed = self.armed, False
+            return self.layer(self.layer(x, is_first_microbatch=flag), is_first_microbatch=False)
+
+    return Model()
+
+
+def _train(observer, model, microbatches=2, zeroed=True):
+    observer.watch([("", model)])
+    with observer.installed():
+        observer.recording = True
+        observer.start_step(zeroed=zeroed)
+        for microbatch in range(microbatches):
+            observer.start_microbatch(microbatch)
+            model(torch.randn(3, 4)).sum().backward()
+        observer.recording = False
+
+
+def test_a_repeated_module_armed_first_loses_the_other_calls_gradient(fake_te):
+    torch.manual_seed(0)
+    model = _repeated_model(fake_te)
+    observer = LiveObserver()
+    _train(observer, model)
+    records = observer.seen.records()["layer"]
+    assert [(r.microbatch, r.call, r.flag, r.decision, r.lossy) for r in records] == [
+        (0, 1, True, "overwrite", True), (0, 2, False, "accumulate", False),
+        (1, 1, False, "accumulate", False), (1, 2, False, "accumulate", False)]
+    # Call 2's backward runs first (call 1 feeds it), so call 1's overwrite comes second.
+    assert [r.backward_seq for r in records[:2]] == [2, 1]
+    report = build_report([_part(observer)], GuardOptions())
+    assert [(f.rule, f.module) for f in report.findings] == [("QA001", "layer")]
+    assert report.modules[0].calls_per_microbatch == 2
+    assert report.exit_code() == 1
+
+
+def test_nothing_is_observed_once_the_observer_is_removed(fake_te):
+    model = _repeated_model(fake_te)
+    observer = LiveObserver()
+    _train(observer, model)
+    seen = len(observer.seen.calls)
+    assert fake_te.Linear.forward.__name__ == "forward"  # TE's own forward is back
+    model(torch.randn(3, 4)).sum().backward()
+    assert len(observer.seen.calls) == seen
+
+
+def test_an_overwrite_of_a_buffer_written_by_someone_else_is_qa007(fake_te):
+    """A module called once, with no armed flag, whose buffer holds gradient nobody's call of
+    it wrote (another writer): its overwrite is lossy, and no modelled cause explains it."""
+    torch.manual_seed(0)
+    layer = fake_te.Linear(4)
+    observer = LiveObserver()
+    observer.watch([("", torch.nn.ModuleDict({"layer": layer}))])
+    with observer.installed():
+        observer.recording = True
+        observer.start_step(zeroed=True)
+        layer.weight.main_grad.fill_(1.0)  # an unknown writer, after the zeroing
+        layer(torch.randn(3, 4), is_first_microbatch=None).sum().backward()
+        # TE passes accumulate=True for None; make the writer overwrite instead:
+        sys.modules["transformer_engine.pytorch.module.linear"].general_gemm(
+            torch.randn(3, 4), torch.randn(3, 4), accumulate=False, out=layer.weight.main_grad)
+        observer.recording = False
+    assert [s.lossy for s in observer.seen.strays] == [True]
+    report = build_report([_part(observer)], GuardOptions())
+    assert [(f.rule, f.module) for f in report.findings] == [("QA007", "layer")]
+
+
+def test_numeric_measures_what_an_overwrite_discarded(fake_te):
+    torch.manual_seed(0)
+    model = _repeated_model(fake_te)
+    observer = LiveObserver(numeric=True)
+    before = _Gemms.calls
+    _train(observer, model, microbatches=1)
+    checks = {(c.call, c.decision): c for c in observer.seen.numeric}
+    overwrite, accumulate = checks[(1, "overwrite")], checks[(2, "accumulate")]
+    assert overwrite.lost == pytest.approx(accumulate.own) and overwrite.lost > 0
+    assert accumulate.before == 0 and accumulate.lost == 0
+    assert max(c.residual for c in observer.seen.numeric) < 1e-6
+    # One extra GEMM per write, into scratch: two writes, four GEMMs.
+    assert _Gemms.calls - before == 4
+    report = build_report([_part(observer)], GuardOptions(numeric=True))
+    assert report.findings[0].evidence == "confirmed"
+    assert "discarded a main_grad of norm" in report.findings[0].message
+
+
+def test_replicas_merge_into_one_verdict_and_a_loss_on_any_rank_counts(fake_te):
+    torch.manual_seed(0)
+    lossy, clean = LiveObserver(), LiveObserver()
+    _train(lossy, _repeated_model(fake_te))
+    per_depth = _repeated_model(fake_te)
+    per_depth.armed = False  # nothing armed: no overwrite anywhere
+    _train(clean, per_depth)
+    report = build_report([_part(clean, rank=0), _part(lossy, rank=1)], GuardOptions())
+    assert [f.rule for f in report.findings] == ["QA001"]
+    assert report.guard["ranks"] == 2
+
+
+def _part(observer: LiveObserver, rank: int = 0) -> dict:
+    return {"rank": rank, "observation": observer.seen, "notes": [], "failed": None,
+            "config": model_config(types.SimpleNamespace(num_layers=1, hidden_size=4,
+                                                         num_attention_heads=1,
+                                                         mtp_use_repeated_layer=True,
+                                                         mtp_num_layers=2)),
+            "te": "fake", "megatron": None, "rearms": False}
+
+
+def test_the_options_are_checked():
+    with pytest.raises(ValueError):
+        GuardOptions(mode="pause")
+    with pytest.raises(ValueError):
+        GuardOptions(steps=0)
+
+
+@pytest.mark.parametrize("code, results, mode, expected", [
+    (0, [{"rank": 0, "stop": False, "findings": False, "report": {}}], "stop", 0),
+    (1, [{"rank": 0, "stop": True, "findings": True, "report": {}}], "stop", EXIT_STOPPED),
+    (7, [], "stop", 7),  # the job's own failure before any watched step: its code
+    (0, [], "stop", EXIT_GUARD_FAILED),  # a clean exit the guard never vouched for
+    (0, [], "warn", 0),
+    (0, [{"rank": 0, "failed": "boom"}], "stop", EXIT_GUARD_FAILED),
+    (0, [{"rank": 0, "failed": "boom"}], "warn", 0),
+    (0, [{"rank": 0, "stop": False, "findings": True, "report": {}}], "warn", 0),
+])
+def test_the_exit_code_is_the_jobs_except_for_the_guards_own(code, results, mode, expected):
+    assert launch._decide(code, results, GuardOptions(mode=mode)).code == expected
+
+
+def _qaudit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "qaudit", *args], capture_output=True,
+                          text=True, cwd=cwd or REPO, timeout=300)
+
+
+def test_no_command_and_an_unknown_command_are_usage_errors():
+    done = _qaudit("guard")
+    assert done.returncode == 2 and "give the launch command after --" in done.stderr
+    done = _qaudit("guard", "--", "no-such-command-qaudit")
+    assert done.returncode == 2 and "no-such-command-qaudit" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_job_without_megatron_keeps_its_exit_code_and_is_not_vouched_for(tmp_path):
+    done = _qaudit("guard", "--", sys.executable, "-c", "import sys; sys.exit(7)")
+    assert done.returncode == 7
+    done = _qaudit("guard", "--", sys.executable, "-c", "print('trained')")
+    assert done.returncode == EXIT_GUARD_FAILED
+    assert "saw no completed watched step" in done.stderr
+    done = _qaudit("guard", "--mode", "warn", "--", sys.executable, "-c", "print('trained')")
+    assert done.returncode == 0

@@ -1,0 +1,184 @@
+"""The guard inside a real Megatron training run on this CPU: megatron-core 0.19.2's GPTModel,
+its DistributedDataParallel (main_grad buffers), its optimizer and the schedule
+get_forward_backward_func() returns, on TE's own Python (the newest fetched release) with
+qaudit's CPU kernel stand-in and gloo (`qaudit guard --cpu`). The training script is
+scripts/guard-demo, which knows nothing of qaudit. Slow; needs QAUDIT_TEST_TE_DIRS and
+QAUDIT_TEST_MEGATRON_CORE."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qaudit.guard.session import EXIT_GUARD_FAILED, EXIT_STOPPED
+
+REPO = Path(__file__).resolve().parent.parent
+TE_DIRS = [Path(p) for p in os.environ.get("QAUDIT_TEST_TE_DIRS", "").split(":") if p]
+MEGATRON = os.environ.get("QAUDIT_TEST_MEGATRON_CORE", "")
+DEMO = REPO / "scripts" / "guard-demo"
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not TE_DIRS or not MEGATRON,
+    reason="QAUDIT_TEST_TE_DIRS and QAUDIT_TEST_MEGATRON_CORE not both set")]
+
+
+def _env(extra_path: list[str] = ()) -> dict[str, str]:
+    env = dict(os.environ)
+    te = TE_DIRS[-1]
+    env["PYTHONPATH"] = os.pathsep.join([*extra_path, str(REPO), MEGATRON, str(te),
+                                         str(te.parent / "te-deps")])
+    return env
+
+
+def _guard(tmp_path: Path, guard_flags: list[str], demo_flags: list[str],
+           launcher: list[str] | None = None, extra_path: list[str] = ()) -> tuple:
+    """`qaudit guard --cpu --report R [flags] -- python scripts/guard-demo [demo flags]`, run
+    in an empty directory; returns (exit code, stdout, stderr, report or None)."""
+    report = tmp_path / "guard.json"
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    command = [*(launcher or [sys.executable]), str(DEMO), *demo_flags]
+    done = subprocess.run([sys.executable, "-m", "qaudit", "guard", "--cpu", "--report",
+                           str(report), *guard_flags, "--", *command], cwd=work,
+                          env=_env(list(extra_path)), capture_output=True, text=True,
+                          timeout=1800)
+    assert "Traceback" not in done.stderr.split("qaudit guard:")[-1]
+    document = json.loads(report.read_text()) if report.exists() else None
+    return done.returncode, done.stdout, done.stderr, document
+
+
+def _valid(report: dict) -> dict:
+    """The report is `qaudit check`'s JSON schema's."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((REPO / "qaudit" / "schemas" / "report-v1.schema.json").read_text())
+    jsonschema.validate(report, schema)
+    return report
+
+
+def _guard_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("qaudit guard:")]
+
+
+def _steps_trained(stdout: str) -> int:
+    return sum(1 for line in stdout.splitlines() if line.startswith("step "))
+
+
+@pytest.mark.parametrize("precision", [[], ["--fp8", "tensorwise"]], ids=["bf16", "fp8"])
+def test_a_repeated_mtp_layer_is_stopped_before_the_first_update(tmp_path, precision):
+    code, stdout, stderr, report = _guard(tmp_path, [], ["--mtp-layers", "2", "--repeated-mtp",
+                                                         *precision])
+    assert code == EXIT_STOPPED, stderr[-3000:]
+    assert _steps_trained(stdout) == 0  # the script prints a step after optimizer.step()
+    _valid(report)
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    assert errors and {f["rule"] for f in errors} == {"QA001"}
+    assert all(f["module"].startswith("mtp.layers.0.") for f in errors)
+    assert any(f["module"] == "mtp.layers.0.eh_proj" for f in errors)
+    lines = _guard_lines(stderr)
+    assert sum("QA001 error mtp.layers.0." in line for line in lines) == len(errors)
+    assert any("stopped before the optimizer step" in line for line in lines)
+    assert report["guard"]["steps_watched"] == 1 and report["exit_code"] == 1
+    rows = {row["name"]: row for row in report["modules"]}
+    assert rows["mtp.layers.0.eh_proj"]["calls_per_microbatch"] == 2
+    assert rows["output_layer"]["calls_per_microbatch"] == 3  # the main head and two depths
+    # Only its report was written: the job's directory is as it was.
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_one_mtp_layer_per_depth_runs_on(tmp_path):
+    code, stdout, stderr, report = _guard(tmp_path, [], ["--mtp-layers", "2", "--steps", "3"])
+    assert code == 0, stderr[-3000:]
+    assert _steps_trained(stdout) == 3
+    assert report["findings"] == [] and report["exit_code"] == 0
+    assert report["guard"]["modules_observed"] == 19
+    rows = {row["name"]: row for row in report["modules"]}
+    assert rows["mtp.layers.1.eh_proj"]["calls_per_microbatch"] == 1
+    assert rows["decoder.layers.0.mlp.linear_fc1"]["accumulation"] == "overwrite-first"
+
+
+def test_numeric_shows_the_lost_gradient(tmp_path):
+    code, _, stderr, report = _guard(tmp_path, ["--numeric"],
+                                     ["--mtp-layers", "2", "--repeated-mtp"])
+    assert code == EXIT_STOPPED, stderr[-3000:]
+    checks = _valid(report)["guard"]["numeric"]
+    lost = [c for c in checks if c["lost"] > 0]
+    assert lost and all(c["module"].startswith("mtp.layers.0.") for c in lost)
+    assert all(c["decision"] == "overwrite" and c["microbatch"] == 0 for c in lost)
+    # TE's own kernels wrote exactly what the call's own gradient plus the buffer predict.
+    assert max(c["residual"] for c in checks) < 1e-5
+    assert all(f["evidence"] == "confirmed" for f in report["findings"] if f["rule"] == "QA001")
+
+
+def test_warn_mode_reports_and_runs_on(tmp_path):
+    code, stdout, stderr, report = _guard(tmp_path, ["--mode", "warn"],
+                                          ["--mtp-layers", "2", "--repeated-mtp"])
+    assert code == 0, stderr[-3000:]
+    assert _steps_trained(stdout) == 3
+    assert report["exit_code"] == 1 and report["guard"]["mode"] == "warn"
+
+
+def test_two_watched_steps_observe_the_flag_is_never_rearmed(tmp_path):
+    """megatron-core 0.19.2 re-arms only for FP8/FP4 configs: a BF16 run's second step gets
+    no True, which two watched steps see for themselves (stale)."""
+    code, _, stderr, report = _guard(tmp_path, ["--steps", "2"],
+                                     ["--mtp-layers", "2", "--repeated-mtp"])
+    assert code == EXIT_STOPPED, stderr[-3000:]
+    rows = {row["name"]: row for row in report["modules"]}
+    assert rows["decoder.layers.0.mlp.linear_fc1"]["tracked"] == "stale"
+    assert report["guard"]["steps_watched"] == 2
+    qa001 = [f for f in report["findings"] if f["rule"] == "QA001"]
+    assert all("watched step(s) 1 of 2" in f["message"] for f in qa001)
+
+
+def test_torchrun_ranks_are_guarded_and_give_one_verdict(tmp_path):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2"]
+    code, _, stderr, report = _guard(tmp_path, [], ["--mtp-layers", "2", "--repeated-mtp"],
+                                     launcher=launcher)
+    assert code == EXIT_STOPPED, stderr[-3000:]
+    assert report["guard"]["ranks"] == 2
+    assert sum("stopped before the optimizer step" in line
+               for line in _guard_lines(stderr)) == 1  # rank 0 speaks for both
+
+
+def test_a_failing_guard_never_passes_and_never_kills_a_warned_job(tmp_path):
+    """The job's own sitecustomize (run after the guard's) breaks the guard's verdict."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import qaudit.guard.verdict as v\n"
+        "def broken(*a, **k):\n    raise RuntimeError('planted failure')\n"
+        "v.build_report = broken\n")
+    code, stdout, stderr, _ = _guard(tmp_path, [], ["--mtp-layers", "2", "--repeated-mtp"],
+                                     extra_path=[str(site)])
+    assert code == EXIT_GUARD_FAILED and _steps_trained(stdout) == 0
+    assert "planted failure" in stderr
+    code, stdout, stderr, _ = _guard(tmp_path, ["--mode", "warn"],
+                                     ["--mtp-layers", "2", "--repeated-mtp"],
+                                     extra_path=[str(site)])
+    assert code == 0 and _steps_trained(stdout) == 3
+    assert "runs on unguarded" in stderr
+
+
+def test_the_python_api_guards_a_script_that_calls_it(tmp_path):
+    """`guard()` from Python, before the training script runs (as a Bridge recipe script
+    would call it before `pretrain`): the same stop and the same report, no launcher."""
+    report = tmp_path / "api.json"
+    program = (
+        "import sys, runpy\n"
+        "from qaudit.guard import cpu, guard\n"
+        "cpu.arm()  # what --cpu does: TE's Python on the CPU kernel stand-in\n"
+        f"guard(report={str(report)!r})\n"
+        f"sys.argv = [{str(DEMO)!r}, '--mtp-layers', '2', '--repeated-mtp']\n"
+        f"runpy.run_path({str(DEMO)!r}, run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, env=_env(),
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == EXIT_STOPPED, done.stderr[-3000:]
+    assert _steps_trained(done.stdout) == 0
+    document = json.loads(report.read_text())
+    assert {f["rule"] for f in document["findings"]} == {"QA001"}
