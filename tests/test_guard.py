@@ -131,14 +131,29 @@ def test_a_repeated_module_armed_first_loses_the_other_calls_gradient(fake_te):
     assert report.exit_code() == 1
 
 
-def test_nothing_is_observed_once_the_observer_is_removed(fake_te):
+def test_the_guard_costs_one_wrapper_per_call_and_per_write_then_nothing(fake_te, monkeypatch):
     model = _repeated_model(fake_te)
     observer = LiveObserver()
+    counted = {"calls": 0, "writes": 0}
+    on_call, on_write = observer.on_call, observer.on_write
+
+    def count(name, method):
+        def counting(*args, **kwargs):
+            counted[name] += 1
+            return method(*args, **kwargs)
+        return counting
+
+    monkeypatch.setattr(observer, "on_call", count("calls", on_call))
+    monkeypatch.setattr(observer, "on_write", count("writes", on_write))
+    forward = fake_te.Linear.forward
     _train(observer, model)
-    seen = len(observer.seen.calls)
-    assert fake_te.Linear.forward.__name__ == "forward"  # TE's own forward is back
+    assert counted == {"calls": 4, "writes": 4}  # 2 microbatches x 2 calls, one write each
+    # Removed: TE's own forward and GEMM entry point are back, and a further step adds nothing.
+    assert fake_te.Linear.forward is forward
+    linear = sys.modules["transformer_engine.pytorch.module.linear"]
+    assert linear.general_gemm is _Gemms.general_gemm
     model(torch.randn(3, 4)).sum().backward()
-    assert len(observer.seen.calls) == seen
+    assert counted == {"calls": 4, "writes": 4} and len(observer.seen.calls) == 4
 
 
 def test_an_overwrite_of_a_buffer_written_by_someone_else_is_qa007(fake_te):
