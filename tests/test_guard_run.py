@@ -182,3 +182,43 @@ def test_the_python_api_guards_a_script_that_calls_it(tmp_path):
     assert _steps_trained(done.stdout) == 0
     document = json.loads(report.read_text())
     assert {f["rule"] for f in document["findings"]} == {"QA001"}
+
+
+DELAYED = """
+import json, torch
+from qaudit.runtime import te_cpu
+te_cpu.boot()
+import transformer_engine.pytorch as te
+from qaudit.run.observe import LiveObserver
+torch.manual_seed(0)
+layer = te.Linear(8, 8, bias=False, fuse_wgrad_accumulation=True, delay_wgrad_compute=True,
+                  params_dtype=torch.float32)
+layer.weight.main_grad = torch.zeros(8, 8)
+observer = LiveObserver(numeric=True)
+observer.watch([("", torch.nn.ModuleDict({"layer": layer}))])
+with observer.installed():
+    observer.recording = True
+    observer.start_step(zeroed=True)
+    x = torch.randn(4, 8)
+    # One module called twice in a microbatch, the first call armed (a repeated MTP layer).
+    layer(layer(x, is_first_microbatch=True), is_first_microbatch=False).sum().backward()
+    untouched = bool(layer.weight.main_grad.eq(0).all())  # nothing written before backward_dw
+    layer.backward_dw()
+    layer.backward_dw()
+    observer.recording = False
+print(json.dumps({"untouched": untouched, "records": [
+    [r.call, r.flag, r.decision, r.backward_seq, r.lossy] for r in observer.seen.calls],
+    "lost": [c.lost for c in observer.seen.numeric]}))
+"""
+
+
+def test_delayed_wgrad_writes_are_attributed_to_their_calls():
+    """TE's delay_wgrad_compute: the backward stores the wgrad GEMM, `backward_dw` runs it
+    later; the writes still go to the calls whose backwards stored them, in order."""
+    done = subprocess.run([sys.executable, "-c", DELAYED], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["untouched"]
+    assert seen["records"] == [[1, True, "overwrite", 2, True], [2, False, "accumulate", 1, False]]
+    assert seen["lost"][0] == 0 and seen["lost"][1] > 0
