@@ -222,3 +222,27 @@ def test_delayed_wgrad_writes_are_attributed_to_their_calls():
     assert seen["untouched"]
     assert seen["records"] == [[1, True, "overwrite", 2, True], [2, False, "accumulate", 1, False]]
     assert seen["lost"][0] == 0 and seen["lost"][1] > 0
+
+
+def test_the_prediction_and_the_observation_agree_row_by_row(tmp_path):
+    """`qaudit diff check.json guard.json`: scripts/guard-demo's run against the same model
+    written as a config: no module differs and no finding is only on one side."""
+    config = tmp_path / "demo.yaml"
+    config.write_text("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n"
+                      "vocab_size: 128\nmtp_num_layers: 2\nmtp_use_repeated_layer: true\n")
+    check = subprocess.run([sys.executable, "-m", "qaudit", "check", str(config), "--format",
+                            "json", "--megatron", "0.19.2"], capture_output=True, text=True,
+                           cwd=REPO, timeout=600)
+    assert check.returncode == 1, check.stderr
+    predicted = tmp_path / "check.json"
+    predicted.write_text(check.stdout)
+    code, _, stderr, _ = _guard(tmp_path, [], ["--mtp-layers", "2", "--repeated-mtp"])
+    assert code == EXIT_STOPPED, stderr[-3000:]
+    diff = subprocess.run([sys.executable, "-m", "qaudit", "diff", str(predicted),
+                           str(tmp_path / "guard.json"), "--format", "json"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert diff.returncode == 0, diff.stderr
+    document = json.loads(diff.stdout)
+    assert document["modules"] == []
+    assert all(not entries for entries in document["findings"].values())
+    assert document["base"]["summary"] == document["head"]["summary"]

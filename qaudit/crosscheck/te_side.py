@@ -63,35 +63,14 @@ def decide() -> TESide:
     return TESide("te-cpu", version)
 
 
-# TE's keyword for the flag, found by binding each call to its forward's signature.
-_FLAG = "is_first_microbatch"
-
-
 def _te_classes() -> tuple[type, ...]:
     pytorch = importlib.import_module("transformer_engine.pytorch")
     return tuple(getattr(pytorch, name) for name in ("Linear", "LayerNormLinear",
                                                      "GroupedLinear") if hasattr(pytorch, name))
 
 
-def _flag_of(signature: inspect.Signature, module: Any, args: tuple, kwargs: dict) -> Any:
-    if _FLAG in kwargs:
-        return kwargs[_FLAG]
-    try:
-        return signature.bind(module, *args, **kwargs).arguments.get(_FLAG)
-    except TypeError:
-        return None
-
-
-def _executed_quant(module: Any, runtime: Any) -> Any:
-    """The recipe TE's forward executed in, read from the module's own state after it ran
-    (TE sets `fp8` and `fp8_meta["recipe"]` in every forward from its autocast)."""
-    if not getattr(module, "fp8", False):
-        return None
-    recipe = getattr(module, "fp8_meta", {}).get("recipe")
-    return runtime.quant_of(recipe) if recipe is not None else None
-
-
-def _observed(forward: Any, probe: standin_te.CallProbe, runtime: Any) -> Any:
+def _observed(forward: Any, probe: standin_te.CallProbe) -> Any:
+    from qaudit.run.observe import executed_quant, flag_of
     from qaudit.runtime.te import _observe_wgrad_gemm, _WeightCasts
     from qaudit.runtime.te_cpu import kernels
 
@@ -103,7 +82,7 @@ def _observed(forward: Any, probe: standin_te.CallProbe, runtime: Any) -> Any:
         # class may be): only the outermost TE base records.
         if name is None or getattr(self, "_qaudit_in_te_forward", False):
             return forward(self, *args, **kwargs)
-        flag = _flag_of(signature, self, args, kwargs)
+        flag = flag_of(signature, self, args, kwargs)
         grad = torch.is_grad_enabled()
         self._qaudit_in_te_forward = True
         casts = _WeightCasts(self, kernels)
@@ -112,7 +91,7 @@ def _observed(forward: Any, probe: standin_te.CallProbe, runtime: Any) -> Any:
         finally:
             self._qaudit_in_te_forward = False
             cache = casts.finish()
-        record = probe.recorder.on_forward(name, flag, grad, _executed_quant(self, runtime),
+        record = probe.recorder.on_forward(name, flag, grad, executed_quant(self),
                                            self.training, cache=cache)
         listener = probe.recorder.listener_for(record)
         # TE returns (out, bias[, ln_out]) with return_bias or return_layernorm_output: the
@@ -128,15 +107,10 @@ def _observed(forward: Any, probe: standin_te.CallProbe, runtime: Any) -> Any:
 @contextlib.contextmanager
 def observing(probe: standin_te.CallProbe) -> Iterator[None]:
     """Record every call of a named TE module while the block runs (te-cpu side only)."""
-    from qaudit.runtime.te import TEApi, TERuntime
-    from qaudit.runtime.te_cpu import kernels
-
-    # For its recipe-to-Quant mapping only; builds no module.
-    runtime = TERuntime(TEApi.load(), device="cpu", kernels=kernels)
     patched = []
     for base in _te_classes():
         forward = base.__dict__["forward"]
-        base.forward = _observed(forward, probe, runtime)
+        base.forward = _observed(forward, probe)
         patched.append((base, forward, "forward"))
     # Megatron's own linears write a Megatron-FSDP parameter's main_grad through TE's
     # general_gemm (te_general_gemm, core/tensor_parallel/layers.py): TE's GEMM runs, and

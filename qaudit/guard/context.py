@@ -4,6 +4,7 @@ the Megatron and Transformer Engine running, and whether that Megatron re-arms t
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ def describe(session: Any) -> dict[str, Any]:
     live = live_config(session)
     config = model_config(live)
     described: dict[str, Any] = {"config": config, "te": _te_words(), "megatron": None,
-                                 "rearms": None}
+                                 "rearms": None, "policy": None}
     root = _megatron_root()
     if root is None:
         return described
@@ -37,8 +38,11 @@ def describe(session: Any) -> dict[str, Any]:
     except InputError as exc:
         session.notes.append(f"the running Megatron's code could not be read: {exc}")
         return described
-    described["megatron"] = target.to_dict()
-    described["rearms"] = target.behaviour.tracking_policy().rearms(config)
+    # The code read is the one running: installed, not named by an option.
+    described["megatron"] = dataclasses.replace(target, source="installed").to_dict()
+    policy = target.behaviour.tracking_policy()
+    described["rearms"] = policy.rearms(config)
+    described["policy"] = policy
     return described
 
 

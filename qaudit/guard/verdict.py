@@ -24,7 +24,7 @@ from qaudit.run.observe import NumericCheck, Observation, StrayWrite
 from qaudit.run.rows import (ModuleRow, accumulation_of, calls_per_microbatch, precision_of)
 
 # The rules that judge what a run did (the others judge a config or recipe file).
-GUARD_RULES = ("QA001", "QA005", "QA006", "QA007")
+GUARD_RULES = ("QA001", "QA003", "QA004", "QA005", "QA006", "QA007")
 RESULT_FILE = "result-rank{rank}.json"
 
 
@@ -135,8 +135,10 @@ def merged_observation(parts: list[dict[str, Any]]) -> Observation:
     return merged
 
 
-def facts_of(seen: Observation, config: ModelConfig, rearms: bool | None) -> AuditFacts:
-    return AuditFacts(config=config, recipe=None, policy=POLICIES["legacy"],
+def facts_of(seen: Observation, config: ModelConfig, rearms: bool | None,
+             policy: Any = None) -> AuditFacts:
+    """`policy`: the running Megatron's tracking behaviour (its fix texts), legacy unknown."""
+    return AuditFacts(config=config, recipe=None, policy=policy or POLICIES["legacy"],
                       rows=rows_of(seen, rearms), records=seen.records(),
                       overwrite_main_grad=dict(seen.overwrite_main_grad),
                       te_modules=list(seen.te_modules), bindings={}, observed=True,
@@ -146,13 +148,13 @@ def facts_of(seen: Observation, config: ModelConfig, rearms: bool | None) -> Aud
 def build_report(parts: list[dict[str, Any]], options: Any) -> Report:
     seen = merged_observation(parts)
     first = parts[0]
-    facts = facts_of(seen, first["config"], first.get("rearms"))
+    facts = facts_of(seen, first["config"], first.get("rearms"), first.get("policy"))
     findings = judge(facts, only=GUARD_RULES)
     findings = _with_numbers(findings, seen.numeric)
     from qaudit.commands.check import _sorted_findings, _with_verdicts
 
     findings = _sorted_findings(findings, facts.rows)
-    report = Report(runtime=f"guard ({first.get('te', 'TE')})", policy="observed",
+    report = Report(runtime=f"guard ({first.get('te', 'TE')})", policy=facts.policy.name,
                     config="<live run>", recipe=None, steps=seen.steps,
                     microbatches=_microbatches(seen), modules=_with_verdicts(facts.rows, findings),
                     findings=findings, megatron=first.get("megatron"), te=None)

@@ -36,6 +36,7 @@ import torch
 
 from qaudit.load.precision import Quant
 from qaudit.model.probe import CallRecord
+from qaudit.runtime.te import stored_quantized
 
 # TE's GEMM entry points (transformer_engine/pytorch/cpp_extensions/gemm.py) and the
 # argument naming the buffer each writes into.
@@ -277,9 +278,13 @@ class LiveObserver:
                 quant: Quant | None) -> CallRecord:
         key = (row, self.step, self.microbatch)
         self._calls[key] += 1
+        # TE keeps no weight cache for a weight it stores quantized (fp8_param): "primary";
+        # what else the call did with the cache is not observed here (None).
+        primary = quant is not None and any(stored_quantized(w) for w in weights_of(module))
         record = CallRecord(module=row, step=self.step, microbatch=self.microbatch,
                             call=self._calls[key], flag=flag, grad=torch.is_grad_enabled(),
-                            quant=quant, training=module.training)
+                            quant=quant, training=module.training,
+                            cache="primary" if primary else None)
         self.seen.calls.append(record)
         return record
 

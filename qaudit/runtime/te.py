@@ -261,7 +261,7 @@ class _WeightCasts:
             if not _is_quantized(self.module):
                 return None
             # A weight TE stores quantized (quantized_model_init) has no cache to reuse.
-            return "primary" if any(_stored_quantized(w) for w in self.weights) else "reuse"
+            return "primary" if any(stored_quantized(w) for w in self.weights) else "reuse"
         from qaudit.runtime.te_cpu.storage import buffer_addresses
 
         cast = set()
@@ -275,7 +275,8 @@ class _WeightCasts:
         return "fresh"
 
 
-def _stored_quantized(weight: torch.Tensor) -> bool:
+def stored_quantized(weight: torch.Tensor) -> bool:
+    """A weight TE stores quantized (its QuantizedTensor subclasses, under fp8_param)."""
     return any(cls.__name__ == "QuantizedTensor" for cls in type(weight).__mro__)
 
 
