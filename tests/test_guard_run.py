@@ -94,7 +94,9 @@ def test_one_mtp_layer_per_depth_runs_on(tmp_path):
     code, stdout, stderr, report = _guard(tmp_path, [], ["--mtp-layers", "2", "--steps", "3"])
     assert code == 0, stderr[-3000:]
     assert _steps_trained(stdout) == 3
-    assert report["findings"] == [] and report["exit_code"] == 0
+    assert report["exit_code"] == 0
+    # BF16 modules still tracked are noted (QA003, info), as `qaudit check` notes them.
+    assert {(f["rule"], f["severity"]) for f in report["findings"]} == {("QA003", "info")}
     assert report["guard"]["modules_observed"] == 19
     rows = {row["name"]: row for row in report["modules"]}
     assert rows["mtp.layers.1.eh_proj"]["calls_per_microbatch"] == 1
@@ -181,7 +183,8 @@ def test_the_python_api_guards_a_script_that_calls_it(tmp_path):
     assert done.returncode == EXIT_STOPPED, done.stderr[-3000:]
     assert _steps_trained(done.stdout) == 0
     document = json.loads(report.read_text())
-    assert {f["rule"] for f in document["findings"]} == {"QA001"}
+    failing = {f["rule"] for f in document["findings"] if f["severity"] != "info"}
+    assert failing == {"QA001"}
 
 
 DELAYED = """

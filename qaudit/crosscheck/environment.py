@@ -138,16 +138,6 @@ def mamba_bound() -> None:
                                  "qaudit in a fresh process")
 
 
-def real_te_available() -> bool:
-    """A real Transformer Engine is installed (checked without importing it)."""
-    if standin_te.installed_standin():
-        return False
-    try:
-        return importlib.util.find_spec("transformer_engine") is not None
-    except (ImportError, ValueError):
-        return False
-
-
 @contextlib.contextmanager
 def _patched(target: Any, name: str, value: Any) -> Iterator[None]:
     missing = object()

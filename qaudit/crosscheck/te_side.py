@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import inspect
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -45,10 +46,19 @@ class TESide:
         return f"qaudit's stand-in transformer_engine (claims TE {standin_te.VERSION})"
 
 
+def real_te_available() -> bool:
+    """A real Transformer Engine is installed (checked without importing it)."""
+    if standin_te.installed_standin():
+        return False
+    try:
+        return importlib.util.find_spec("transformer_engine") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def decide() -> TESide:
     """Which TE side this machine gives, without importing TE (the audit process must stay
     free of the pose until its own runtime chooses)."""
-    from qaudit.crosscheck.environment import real_te_available
     from qaudit.runtime import te_cpu
     from qaudit.runtime.te_cpu import host
 
