@@ -168,6 +168,11 @@ class UpstreamSide:
     skipped: str | None = None  # why nothing was built (a variant the builder does not cover)
 
 
+# What the worker's result may hold besides plain values (crosscheck/plain.py): nothing else
+# crosses back into qaudit's process.
+RESULT_KINDS: tuple[type, ...] = (UpstreamSide, BuiltModel, ModuleFacts)
+
+
 def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: int,
                   microbatches: int, seed: int, train: bool, allow_import: bool,
                   te: "TESide", location: MegatronLocation) -> UpstreamSide:
@@ -271,7 +276,7 @@ class UpstreamBuilder:
         if "fork" in multiprocessing.get_all_start_methods() and not real_te:
             _import_torch_parts_megatron_imports()
             self.job = worker.ForkedWorker(upstream_side, self.arguments, self.limits,
-                                           _describe(location))
+                                           _describe(location), kinds=RESULT_KINDS)
 
     def _side(self) -> UpstreamSide:
         if self.job is None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import pickle
 import select
 import signal
 import struct
@@ -41,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from qaudit.crosscheck import plain
 from qaudit.errors import EnvironmentProblem, InputError, printable
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -131,22 +131,62 @@ def _isolate_streams(output: int) -> None:
     sys.stderr = open(2, "w", closefd=False, errors="backslashreplace", buffering=1)
 
 
-def _outcome(function: Callable[..., Any], arguments: tuple) -> bytes:
+def _error_fields(exc: InputError | EnvironmentProblem) -> dict[str, Any]:
+    """A qaudit error as plain fields: whatever class upstream's code derived from it, only
+    qaudit's own class crosses, rebuilt on the other side (never the sender's)."""
+    def text(value: Any) -> str | None:
+        return value if type(value) is str else None
+
+    if isinstance(exc, InputError):
+        line = exc.line if type(exc.line) is int else None
+        return {"class": "InputError", "message": text(exc.message) or "(no message)",
+                "file": text(exc.file), "line": line, "key": text(exc.key)}
+    message = exc.args[0] if exc.args and type(exc.args[0]) is str else describe_exception(exc)
+    return {"class": "EnvironmentProblem", "message": message}
+
+
+def _rebuilt_error(fields: Any) -> Exception:
+    if type(fields) is not dict or type(fields.get("message")) is not str:
+        raise plain.NotPlain("an error without a message")
+    if fields.get("class") == "InputError":
+        line = fields.get("line")
+        return InputError(fields["message"], line=line if type(line) is int else None,
+                          **{key: fields[key] for key in ("file", "key")
+                             if type(fields.get(key)) is str})
+    return EnvironmentProblem(fields["message"])
+
+
+def _failure(exc: BaseException) -> list:
+    """The outcome for an exception: qaudit's own error classes cross as their fields; any
+    other class, a subclass of qaudit's included (upstream's code can define one), is a
+    failure described in one line."""
     try:
-        value: tuple = ("value", function(*arguments))
-    except (InputError, EnvironmentProblem) as exc:
-        value = ("qaudit", exc)
+        if type(exc) in (InputError, EnvironmentProblem):
+            return ["qaudit", _error_fields(exc)]
+        return ["raised", describe_exception(exc)]
+    except BaseException as inner:  # noqa: BLE001 - a hostile exception's own methods
+        return ["raised", f"{type(exc).__name__} (describing it raised "
+                          f"{type(inner).__name__})"]
+
+
+def _outcome(function: Callable[..., Any], arguments: tuple, kinds: tuple[type, ...]) -> bytes:
+    try:
+        value: list = ["value", function(*arguments)]
     except BaseException as exc:  # noqa: BLE001 - whatever upstream raised, as a value
-        value = ("raised", describe_exception(exc))
+        value = _failure(exc)
     try:
-        return pickle.dumps(value)
-    except BaseException as exc:  # noqa: BLE001 - an unpicklable result is upstream's doing
-        return pickle.dumps(("raised", "its result could not be handed back: "
-                             + describe_exception(exc)))
+        payload = plain.encode(value, kinds)
+    except BaseException as exc:  # noqa: BLE001 - a result that is not plain is upstream's doing
+        reason = _failure(exc)[1] if type(exc) is not plain.NotPlain else str(exc)
+        return plain.encode(["raised", f"its result could not be handed back: {reason}"], ())
+    if len(payload) > plain.MAX_RESULT_BYTES:
+        return plain.encode(["raised", f"its result ({len(payload)} bytes) is over the "
+                             f"{plain.MAX_RESULT_BYTES} bytes a result may have"], ())
+    return payload
 
 
 def _child(function: Callable[..., Any], arguments: tuple, limits: WorkerLimits, parent: int,
-           pipes: dict[str, tuple[int, int]]) -> None:
+           pipes: dict[str, tuple[int, int]], kinds: tuple[type, ...]) -> None:
     """Runs in the forked child; never returns (os._exit)."""
     code = 0
     try:
@@ -160,7 +200,7 @@ def _child(function: Callable[..., Any], arguments: tuple, limits: WorkerLimits,
         _isolate_streams(pipes["output"][1])
         _limit_memory(limits.memory_mib)
         worker = os.getpid()
-        payload = _outcome(function, arguments)
+        payload = _outcome(function, arguments, kinds)
         if os.getpid() != worker:  # a process upstream forked came back through here
             os._exit(0)
         result = pipes["result"][1]
@@ -183,8 +223,11 @@ class ForkedWorker:
     measures the child's own time."""
 
     def __init__(self, function: Callable[..., Any], arguments: tuple, limits: WorkerLimits,
-                 describe: str) -> None:
+                 describe: str, kinds: tuple[type, ...] = ()) -> None:
+        """`kinds`: the dataclasses the result may hold (crosscheck/plain.py); nothing else
+        comes back."""
         self.limits = limits
+        self.kinds = kinds
         self.describe = describe  # "--cross-check: Megatron 0.19.2 at /x", for messages
         pipes = {name: os.pipe() for name in ("result", "output", "lifeline")}
         for stream in (sys.stdout, sys.stderr):
@@ -199,7 +242,7 @@ class ForkedWorker:
         try:
             pid = os.fork()
             if pid == 0:
-                _child(function, arguments, limits, parent, pipes)
+                _child(function, arguments, limits, parent, pipes, kinds)
         finally:
             gc.unfreeze()  # in qaudit (the child never returns from _child)
         self.pid: int | None = pid
@@ -229,7 +272,7 @@ class ForkedWorker:
                     continue
                 for fd in ready:
                     self._read(fd, open_fds)
-                if self._complete(self._payload):
+                if self._complete(self._payload) or self._oversized(self._payload):
                     self._done.set()
         except (OSError, ValueError):
             pass
@@ -304,10 +347,26 @@ class ForkedWorker:
         status = self._wait()
         self._stop_draining()
         payload, output = bytes(self._payload), bytes(self._output)
+        if self._oversized(payload):
+            raise _problem(self.describe, "the worker sent a result over the "
+                           f"{plain.MAX_RESULT_BYTES} bytes a result may have", output)
         if not self._complete(payload):
             raise _problem(self.describe, self._ended(status), output)
         size = _HEADER.unpack_from(payload)[0]
-        kind, value = pickle.loads(payload[_HEADER.size:_HEADER.size + size])
+        try:
+            outcome = plain.decode(payload[_HEADER.size:_HEADER.size + size], self.kinds)
+            if type(outcome) is not list or len(outcome) != 2:
+                raise plain.NotPlain("not an outcome")
+            kind, value = outcome
+            if kind == "qaudit":
+                value = _rebuilt_error(value)
+            elif kind == "raised" and type(value) is not str:
+                raise plain.NotPlain("a failure without a message")
+            elif kind not in ("value", "raised"):
+                raise plain.NotPlain("an outcome of no known kind")
+        except plain.NotPlain as exc:
+            raise _problem(self.describe, f"the worker sent something that is not qaudit's "
+                           f"plain data ({exc})", output) from None
         if kind == "value":
             return value
         if kind == "qaudit":
@@ -316,6 +375,12 @@ class ForkedWorker:
                 raise EnvironmentProblem(f"{value} (its last output: {last})")
             raise value
         raise _problem(self.describe, value, output)
+
+    @staticmethod
+    def _oversized(payload: bytes | bytearray) -> bool:
+        """The header announces more than a result may have: nothing more is read."""
+        return (len(payload) >= _HEADER.size
+                and _HEADER.unpack_from(payload)[0] > plain.MAX_RESULT_BYTES)
 
     @staticmethod
     def _complete(payload: bytes | bytearray) -> bool:
@@ -431,8 +496,11 @@ def run_in_process(function: Callable[..., Any], arguments: tuple, limits: Worke
         try:
             with _alarm(limits.timeout_s):
                 return function(*arguments)
-        except (InputError, EnvironmentProblem):
-            raise
+        except (InputError, EnvironmentProblem) as exc:
+            if type(exc) in (InputError, EnvironmentProblem):
+                raise
+            # A subclass defined by upstream's code is upstream's failure, not qaudit's verdict.
+            raise _problem(describe, _failure(exc)[1], _tail(capture)) from None
         except Deadline:
             raise _problem(describe, f"the build did not finish within --cross-check-timeout "
                            f"{limits.timeout_s:g} s", _tail(capture)) from None
