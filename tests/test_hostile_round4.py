@@ -1,0 +1,217 @@
+"""Hostile and careless inputs, round four (issue 38): one section per class.
+
+3. override arguments through the bounded loader; 4. Bridge sections made only of node keys;
+(the others follow). scripts/fuzz has a generator for each class (tests/hostile_inputs4.py).
+Work is bounded by counting (parses, values, calls), never by time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+import mutations as m
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL_RUN = ("--steps", "1", "--microbatches", "1")
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    return m.run_cli([*args])
+
+
+def one_error_line(result: tuple[int, str, str], *words: str) -> str:
+    code, out, err = result
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert (code, out) == (2, ""), (code, err)
+    assert err.count("\n") == 1 and err.startswith("error: "), err
+    for word in words:
+        assert word in err, f"{word!r} not in {err!r}"
+    return err
+
+
+def bridge_dump(tmp_path: Path, name: str = "dump.yaml", **sections) -> str:
+    document = {
+        "_target_": "megatron.bridge.training.config.ConfigContainer",
+        "model": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider",
+                  "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                  "ffn_hidden_size": 128, "add_bias_linear": False,
+                  "params_dtype": {"_call_": False, "_target_": "torch.bfloat16"}},
+        "train": {"_target_": "megatron.bridge.training.config.TrainingConfig",
+                  "train_iters": 10},
+        "mixed_precision": None, **sections}
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return str(path)
+
+
+class ParseCounter:
+    """Counts YAML documents parsed (every route goes through the bounded loader)."""
+
+    def __init__(self, monkeypatch) -> None:
+        from qaudit.load import yamlio
+
+        self.count = 0
+        original = yamlio._LineLoader.get_single_node
+
+        def counted(loader):
+            self.count += 1
+            return original(loader)
+
+        monkeypatch.setattr(yamlio._LineLoader, "get_single_node", counted)
+
+
+# --- 3. override arguments: the file loader's bounds, exit 2 naming the argument --------------
+
+def alias_ladder(levels: int, width: int = 10) -> str:
+    """`[&a [1..w], &b [*a x w], ...]`: width**levels values from a few hundred bytes."""
+    parts = ["&l0 [" + ", ".join(str(i) for i in range(width)) + "]"]
+    for level in range(1, levels):
+        parts.append(f"&l{level} [" + ", ".join([f"*l{level - 1}"] * width) + "]")
+    return "[" + ", ".join(parts) + "]"
+
+
+BAD_ARGUMENTS = {
+    "5,000-digit integer": ("model.num_layers=" + "1" * 5000, "digits"),
+    "impossible timestamp": ("model.num_layers=[!!timestamp 2001-13-45]", "month"),
+    "bool maybe": ("model.num_layers=[!!bool maybe]", "maybe"),
+    "int 0x": ("model.num_layers=[!!int '0x']", "invalid YAML value"),
+    "float abc": ("model.num_layers=[!!float abc]", "invalid YAML value"),
+    "integer in a list": ("model.num_layers=[" + "9" * 200 + "]", "digits"),
+    "key 5,000 deep": ("model." + ".".join(["a"] * 5000) + "=1", "levels deep"),
+    "key 5,000 deep, added": ("++model." + ".".join(["a"] * 5000) + "=1", "levels deep"),
+    "flow nesting": ("model.x=" + "[" * 5000, "nested too deeply"),
+    "7 levels of aliases": ("model.x=" + alias_ladder(7), "1000000"),
+    "101 aliases": ("model.x=[&a 1, " + ", ".join(["*a"] * 101) + "]", "aliases"),
+    "python tag": ("model.x=[!!python/object/apply:os.system [true]]", "invalid YAML"),
+    "mixed_precision a function": ("++mixed_precision={_target_: os.system}", "mixed_precision"),
+}
+
+
+@pytest.mark.parametrize("argument,word", BAD_ARGUMENTS.values(), ids=BAD_ARGUMENTS.keys())
+def test_a_bad_override_argument_is_exit_2_naming_it(argument, word, tmp_path):
+    err = one_error_line(cli("check", bridge_dump(tmp_path), argument, *SMALL_RUN), word)
+    assert "argument 2 (" in err
+
+
+def test_an_aliased_argument_builds_no_copies(tmp_path):
+    """Six levels (1,234,567 values) are refused by count before anything is expanded; five
+    (123,456) are read with the aliases still shared, as a file's are."""
+    from qaudit.load.bridge.overrides import parse_value
+
+    def fail(message, key=None):
+        return AssertionError(message)
+
+    value = parse_value(alias_ladder(5), fail, "model.x")
+    assert value[4][0] is value[4][1] is value[3]  # shared, not copied
+    with pytest.raises(AssertionError, match="1000000"):
+        parse_value(alias_ladder(6), fail, "model.x")
+
+
+def test_many_aliased_arguments_share_one_budget(tmp_path):
+    """Each argument under the cap on its own, together past it: refused at the one that
+    crosses it, before the rest are applied."""
+    from qaudit.errors import InputError
+    from qaudit.load.bridge.overrides import Override, apply_overrides
+    from qaudit.load.yamlio import MAX_EXPANDED_VALUES, expanded_size, load_yaml
+
+    document = load_yaml(Path(bridge_dump(tmp_path)))
+    arguments = [Override(text=f"++train.x{i}={alias_ladder(5)}", index=i + 2) for i in range(20)]
+    one = expanded_size(yaml.safe_load(alias_ladder(5)))
+    assert one == 123_456  # under the cap on its own
+    crossing = MAX_EXPANDED_VALUES // one + 1  # the argument that takes the total past it
+    with pytest.raises(InputError, match="more than 1000000 values") as caught:
+        apply_overrides(document, "dump.yaml", arguments)
+    assert caught.value.file.startswith(f"argument {crossing + 1} (")
+
+
+def test_many_overrides_cost_linear_work(tmp_path, monkeypatch):
+    """60,000 distinct arguments: the position of each is found in one pass over the command
+    line (it was a list search per argument: 31 s)."""
+    import qaudit.commands.targets as targets
+
+    calls = 0
+    original = targets.is_override
+
+    def counted(arg):
+        nonlocal calls
+        calls += 1
+        return original(arg)
+
+    monkeypatch.setattr(targets, "is_override", counted)
+    count = 60_000
+    arguments = [f"++train.x{i}={i}" for i in range(count)]
+    code, out, err = cli("check", bridge_dump(tmp_path), *arguments, *SMALL_RUN, "-f", "json")
+    assert code in (0, 1), err
+    assert calls <= 2 * (count + 1) + 10
+
+
+def test_an_override_file_named_twice_is_parsed_once(tmp_path, monkeypatch):
+    dump = bridge_dump(tmp_path)
+    (tmp_path / "o.yaml").write_text("train:\n  train_iters: 5\n")
+    (tmp_path / "p.yaml").write_text("train:\n  train_iters: 7\n")
+    counter = ParseCounter(monkeypatch)
+    from qaudit.commands.inputs import load_inputs
+    from qaudit.load.bridge.overrides import Override
+
+    overrides = [Override(path=str(tmp_path / name)) for name in ["o.yaml"] * 200 + ["p.yaml"]]
+    load_inputs(dump, None, {}, overrides)
+    parses_with_files = counter.count
+    counter.count = 0
+    load_inputs(dump, None, {}, [])
+    assert parses_with_files - counter.count == 2  # o.yaml once, p.yaml once
+
+
+def test_an_override_argument_still_reads_lists_and_mappings(tmp_path):
+    from qaudit.load.bridge.overrides import parse_value
+
+    def fail(message, key=None):
+        return AssertionError(message)
+
+    value = parse_value("{a: [1, {b: 2}], c: null}", fail, "k")
+    assert value == {"a": [1, {"b": 2}], "c": None}
+    assert value.line is None and value.line_of("a") is None  # no line: not a file
+    assert parse_value("12_000", fail, "k") == 12000
+    assert parse_value("9" * 100, fail, "k") == int("9" * 100)
+
+
+# --- 4. sections made only of node keys -------------------------------------------------------
+
+NODE_ONLY_MODELS = {
+    "target only": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider"},
+    "a function": {"_target_": "x.Y", "_call_": False},
+    "with args": {"_target_": "x.Y", "_args_": [1]},
+    "partial": {"_target_": "x.Y", "_partial_": True},
+    "enum member": {"_target_": "x.Y", "_call_": True, "_name_": "y"},
+}
+
+
+@pytest.mark.parametrize("model", NODE_ONLY_MODELS.values(), ids=NODE_ONLY_MODELS.keys())
+def test_a_model_section_without_fields_is_exit_2(model, tmp_path):
+    path = tmp_path / "n.yaml"
+    path.write_text(yaml.safe_dump({"_target_": "megatron.bridge.training.config.ConfigContainer",
+                                    "model": model, "mixed_precision": None}))
+    one_error_line(cli("check", str(path), *SMALL_RUN), "key 'model'", "no fields")
+
+
+@pytest.mark.parametrize("node", [{"_target_": "x.Y"}, {"_target_": "x.Y", "_call_": True},
+                                  {"_target_": "torch.bfloat16", "_call_": False}],
+                         ids=["class", "called", "dtype"])
+def test_a_mixed_precision_node_without_fields_is_exit_2(node, tmp_path):
+    one_error_line(cli("check", bridge_dump(tmp_path, mixed_precision=node), *SMALL_RUN),
+                   "key 'mixed_precision'", "no fields")
+
+
+def test_a_bare_mixed_precision_config_is_its_defaults(tmp_path):
+    node = {"_target_": "megatron.bridge.training.mixed_precision.MixedPrecisionConfig"}
+    code, _, err = cli("check", bridge_dump(tmp_path, mixed_precision=node), *SMALL_RUN)
+    assert code in (0, 1), err
+
+
+def test_a_node_only_model_through_an_override_file_is_exit_2(tmp_path):
+    """A `_target_` in an override file's section replaces the section (no key-by-key merge)."""
+    (tmp_path / "o.yaml").write_text("model:\n  _target_: x.Y\n  _call_: false\n")
+    one_error_line(cli("check", bridge_dump(tmp_path), "--override", str(tmp_path / "o.yaml"),
+                       *SMALL_RUN), "o.yaml:1", "key 'model'", "no fields")
