@@ -215,3 +215,114 @@ def test_a_node_only_model_through_an_override_file_is_exit_2(tmp_path):
     (tmp_path / "o.yaml").write_text("model:\n  _target_: x.Y\n  _call_: false\n")
     one_error_line(cli("check", bridge_dump(tmp_path), "--override", str(tmp_path / "o.yaml"),
                        *SMALL_RUN), "o.yaml:1", "key 'model'", "no fields")
+
+
+# --- 5. the API's live objects: expansion counted by identity, the caller's errors named ------
+
+class Plain:
+    def __init__(self, **fields) -> None:
+        self.__dict__.update(fields)
+
+
+def small_object(**extra) -> Plain:
+    return Plain(num_layers=2, hidden_size=64, num_attention_heads=4, **extra)
+
+
+def shared(levels: int) -> list:
+    value: list = [1]
+    for _ in range(levels):
+        value = [value, value]
+    return value
+
+
+def test_a_list_shared_many_ways_is_counted_not_expanded(monkeypatch):
+    """2^22 ways (89 s and 7.7 GB before): refused once the count passes the YAML route's
+    cap, after reading each distinct list once."""
+    from qaudit.errors import InputError
+    from qaudit.load.bridge import live
+
+    reads = 0
+    original = live._Reader._read
+
+    def counted(self, value, path, depth):
+        nonlocal reads
+        reads += 1
+        return original(self, value, path, depth)
+
+    monkeypatch.setattr(live._Reader, "_read", counted)
+    with pytest.raises(InputError, match="more than 1000000 values"):
+        live.document_of(small_object(extra=shared(22)))
+    assert reads <= 2 * 22 + 5  # each distinct object once (the object, then one list a level)
+    reads = 0
+    document = live.document_of(small_object(extra=shared(10)))  # 2,047 values: read
+    assert reads <= 2 * 10 + 5
+    assert document["model"]["extra"][0] is document["model"]["extra"][1]
+
+
+class RaisingDict(dict):
+    def items(self):
+        raise KeyError("items")
+
+
+class RaisingList(list):
+    def __iter__(self):
+        raise TypeError("no iteration")
+
+
+class RaisingGetattribute:
+    def __init__(self) -> None:
+        self.num_layers = 2
+
+    def __getattribute__(self, name):
+        if name == "__dict__":
+            raise ValueError("no dict")
+        return object.__getattribute__(self, name)
+
+
+class RaisingStr:
+    __slots__ = ()
+
+    def __str__(self):
+        raise OSError("no str")
+
+
+def raising_dataclass():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Config:
+        num_layers: int = 2
+        hidden_size: int = 64
+
+    Config.hidden_size = property(lambda self: 1 / 0)
+    return Config.__new__(Config)
+
+
+RAISING = {
+    "__getattribute__": (lambda: RaisingGetattribute(), None, "ValueError"),
+    "items()": (lambda: RaisingDict(num_layers=2), None, "KeyError"),
+    "__iter__": (lambda: small_object(lst=RaisingList([1])), "lst", "TypeError"),
+    "__str__": (lambda: small_object(odd=RaisingStr()), "odd", "OSError"),
+    "dataclass property": (raising_dataclass, "hidden_size", "ZeroDivisionError"),
+    "nested": (lambda: small_object(inner=Plain(deeper={"x": RaisingList()})), "inner.deeper.x",
+               "TypeError"),
+}
+
+
+@pytest.mark.parametrize("make,key,kind", RAISING.values(), ids=RAISING.keys())
+def test_the_callers_exception_is_an_input_error_naming_the_attribute(make, key, kind):
+    from qaudit import audit
+    from qaudit.errors import InputError
+
+    with pytest.raises(InputError) as caught:
+        audit(make(), steps=1, microbatches=1)
+    assert caught.value.key == key and kind in caught.value.message
+
+
+def test_an_object_with_nothing_to_read_is_an_input_error_naming_the_key():
+    from qaudit import audit
+    from qaudit.errors import InputError
+
+    with pytest.raises(InputError) as caught:
+        audit(Plain(_private=1), steps=1, microbatches=1)
+    assert caught.value.key == "model" and "no fields" in caught.value.message
