@@ -326,3 +326,42 @@ def test_an_object_with_nothing_to_read_is_an_input_error_naming_the_key():
     with pytest.raises(InputError) as caught:
         audit(Plain(_private=1), steps=1, microbatches=1)
     assert caught.value.key == "model" and "no fields" in caught.value.message
+
+
+# --- 7. --full-size widths whose product is no real tensor --------------------------------------
+
+HUGE_WIDTHS = {"hidden_size": 1_000_000, "num_attention_heads": 1_000_000,
+               "kv_channels": 1_000_000}
+
+
+def huge_inputs(tmp_path: Path) -> dict[str, list[str]]:
+    (tmp_path / "big.yaml").write_text("num_layers: 2\n" + "".join(
+        f"{key}: {value}\n" for key, value in HUGE_WIDTHS.items()))
+    (tmp_path / "big.sh").write_text("torchrun pretrain_gpt.py --num-layers 2 " + " ".join(
+        f"--{key.replace('_', '-')} {value}" for key, value in HUGE_WIDTHS.items()) + "\n")
+    dump = bridge_dump(tmp_path)
+    return {"yaml": [str(tmp_path / "big.yaml")], "launch script": [str(tmp_path / "big.sh")],
+            "bridge": [dump, *(f"++model.{key}={value}" for key, value in HUGE_WIDTHS.items())]}
+
+
+@pytest.mark.parametrize("route", ["yaml", "launch script", "bridge"])
+def test_full_size_widths_past_any_real_tensor_are_exit_2_naming_the_fields(route, tmp_path,
+                                                                             monkeypatch):
+    import qaudit.run.audit as run_audit
+
+    built = []
+    monkeypatch.setattr(run_audit, "build_model", lambda *a, **k: built.append(a))
+    err = one_error_line(cli("check", *huge_inputs(tmp_path)[route], "--full-size", *SMALL_RUN),
+                         "--full-size", "linear_qkv", "hidden_size 1000000", "kv_channels")
+    assert "3e+18 elements" in err and not built
+
+
+@pytest.mark.parametrize("config", sorted((REPO / "configs").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_bundled_config_is_within_the_tensor_bound(config):
+    from qaudit.commands.inputs import load_inputs
+    from qaudit.plan.full_size import MAX_TENSOR_ELEMENTS, largest_weights
+
+    loaded, _ = load_inputs(str(config))
+    biggest = max(elements for _, elements in largest_weights(loaded))
+    assert 0 < biggest <= MAX_TENSOR_ELEMENTS / 30
