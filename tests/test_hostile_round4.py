@@ -365,3 +365,66 @@ def test_every_bundled_config_is_within_the_tensor_bound(config):
     loaded, _ = load_inputs(str(config))
     biggest = max(elements for _, elements in largest_weights(loaded))
     assert 0 < biggest <= MAX_TENSOR_ELEMENTS / 30
+
+
+# --- 6. directory mode: unreadable entries and directories, names in every format -------------
+
+def test_unreadable_entries_are_named_and_the_rest_audited(tmp_path):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "good.yaml").write_text("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n")
+    os_links = {"loop1.yaml": "loop2.yaml", "loop2.yaml": "loop1.yaml",
+                "dangling.yaml": "nowhere.yaml", "self.yaml": "self.yaml"}
+    for name, target in os_links.items():
+        (folder / name).symlink_to(target)
+    (folder / "sub.yaml").mkdir()  # a directory named like a config: not one
+    code, out, err = cli("check", str(folder), *SMALL_RUN)
+    assert code == 2 and "Traceback" not in err and "internal error" not in err, err
+    assert f"exit 0  {folder}/good.yaml" in out
+    for name in os_links:
+        assert f"exit 2  {folder}/{name}: cannot open file" in out or \
+            f"exit 2  {folder}/{name}: file not found" in out, out
+    assert "sub.yaml" not in out
+    assert "Too many levels of symbolic links" in err and "not found" not in err.replace(
+        "dangling.yaml: file not found", "")
+
+
+def test_an_unreadable_directory_is_exit_2(tmp_path, monkeypatch):
+    import qaudit.commands.targets as targets
+
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "a.yaml").write_text("num_layers: 2\n")
+
+    def refused(path):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(targets.os, "scandir", refused)  # root reads any directory
+    one_error_line(cli("check", str(folder), *SMALL_RUN), str(folder),
+                   "cannot read the directory: Permission denied")
+
+
+HOSTILE_NAMES = ["a\n::error::PWNED.yaml", "b\r::warning::PWNED.yaml", "c\n  ::error::PWNED.yaml",
+                 "d ##[error]PWNED.yaml", "e\u2028::error::PWNED.yaml", "f\x1b[31m::PWNED.yaml"]
+
+
+@pytest.mark.parametrize("fmt", ["github", "table", "markdown", "json", "sarif"])
+def test_file_names_never_start_a_line_of_qaudits_own(fmt, tmp_path):
+    from qaudit.render.defuse import has_command_line
+
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for name in HOSTILE_NAMES:
+        (folder / name).write_text("num_layers: 2\nhidden_size: 64\nnum_attention_heads: 4\n")
+    (folder / "z-bad.yaml").write_text("num_layers: [\n")
+    code, out, err = cli("check", str(folder), *SMALL_RUN, "-f", fmt)
+    assert code == 2 and "Traceback" not in err, err
+    for line in (out + err).splitlines():
+        if fmt == "github" and line.startswith(("::notice file=", "::warning file=",
+                                                "::error file=")):
+            continue  # qaudit's own annotations, their file property escaped (%0A, %3A)
+        assert not has_command_line(line), line
+    for name in HOSTILE_NAMES[:3]:  # each name's summary stays on its line
+        shown = name.replace("\n", "\\n").replace("\r", "\\r")
+        if fmt in ("github", "table"):
+            assert shown in out, (shown, out[-2000:])

@@ -7,6 +7,8 @@ Findings and errors point at the YAML line that causes them, so plain dicts are 
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -173,16 +175,17 @@ def value_loader(file: str) -> BoundedSafeLoader:
 def read_text(path: Path, display: str) -> str:
     """Read a small UTF-8 text file, turning every failure into an InputError."""
     try:
-        if not path.exists():
-            raise InputError("file not found", file=display)
-        if path.is_dir():
-            raise InputError("is a directory, expected a YAML file", file=display)
-        if not path.is_file():
-            # Devices and pipes report no size and may never end.
-            raise InputError("not a regular file", file=display)
-    except (OSError, ValueError) as exc:  # name too long, NUL in the name, no permission
+        mode = os.stat(path).st_mode  # one stat: a link loop is said as such, not "not found"
+    except FileNotFoundError:
+        raise InputError("file not found", file=display) from None
+    except (OSError, ValueError) as exc:  # link loop, name too long, NUL, no permission
         raise InputError(f"cannot open file: {getattr(exc, 'strerror', None) or exc}",
                          file=display) from None
+    if stat.S_ISDIR(mode):
+        raise InputError("is a directory, expected a YAML file", file=display)
+    if not stat.S_ISREG(mode):
+        # Devices and pipes report no size and may never end.
+        raise InputError("not a regular file", file=display)
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
