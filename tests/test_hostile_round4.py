@@ -428,3 +428,77 @@ def test_file_names_never_start_a_line_of_qaudits_own(fmt, tmp_path):
         shown = name.replace("\n", "\\n").replace("\r", "\\r")
         if fmt in ("github", "table"):
             assert shown in out, (shown, out[-2000:])
+
+
+# --- 2. reading an upstream Megatron's behaviour: memoized, within a node budget --------------
+
+def count_walks(monkeypatch) -> dict:
+    from qaudit.plan.upstream import detect
+
+    counted = {"nodes": 0}
+    original = detect._Functions.walk
+
+    def walk(self, node):
+        for found in original(self, node):
+            counted["nodes"] += 1
+            yield found
+
+    monkeypatch.setattr(detect._Functions, "walk", walk)
+    return counted
+
+
+@pytest.mark.parametrize("fan_out", [24, 30])
+def test_helpers_called_many_ways_deep_are_read_once_each(fan_out, tmp_path, monkeypatch):
+    """fan_out**4 paths through the helpers (59 s at 24 before): each helper is walked once
+    per (names, depth), so the nodes visited grow with the file, not the paths."""
+    from hostile_inputs4 import exponential_megatron
+    from qaudit.plan.upstream.target import resolve_megatron
+
+    tree = exponential_megatron(tmp_path / "m", fan_out)
+    counted = count_walks(monkeypatch)
+    target = resolve_megatron(str(tree))
+    assert target.behaviour.passing == "config"
+    source_nodes = sum(1 for path in tree.rglob("*.py") for _ in ast_walk(path))
+    assert counted["nodes"] <= 20 * source_nodes
+
+
+def ast_walk(path: Path):
+    import ast
+
+    return ast.walk(ast.parse(path.read_text()))
+
+
+def test_past_the_node_budget_is_could_not_read_and_a_note(tmp_path, monkeypatch):
+    from hostile_inputs4 import exponential_megatron
+    from qaudit.errors import InputError
+    from qaudit.plan.upstream import detect
+    from qaudit.plan.upstream.target import resolve_megatron
+
+    tree = exponential_megatron(tmp_path / "m", 30)
+    monkeypatch.setattr(detect, "MAX_READ_NODES", 2_000)
+    counted = count_walks(monkeypatch)
+    with pytest.raises(InputError, match="cannot read its behaviour .*more than 2000 syntax"):
+        resolve_megatron(str(tree))
+    assert counted["nodes"] <= 2_001
+    target = resolve_megatron("auto", search_path=[str(tree)])
+    assert target.source == "assumed" and "more than 2000 syntax-tree nodes" in target.note
+
+
+def test_the_real_megatron_reads_well_within_the_budget(monkeypatch):
+    import os
+
+    from qaudit.plan.upstream import detect
+
+    where = os.environ.get("QAUDIT_TEST_MEGATRON_CORE")
+    if not where:
+        pytest.skip("QAUDIT_TEST_MEGATRON_CORE not set (scripts/fetch-megatron DIR)")
+    counted = count_walks(monkeypatch)
+    detect.read_behaviour(detect.megatron_at(Path(where)))
+    assert 1_000 < counted["nodes"] <= detect.MAX_READ_NODES / 20
+
+
+@pytest.mark.parametrize("option", ["--megatron", "--te"])
+@pytest.mark.parametrize("spec", ["~nosuchuser/x", "~nosuchuser"])
+def test_a_home_that_cannot_be_found_is_exit_2(option, spec):
+    one_error_line(cli("check", str(REPO / "configs" / "gpt-small-bf16.yaml"), option, spec,
+                       *SMALL_RUN), option, "cannot expand '~'")
