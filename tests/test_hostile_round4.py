@@ -502,3 +502,84 @@ def test_the_real_megatron_reads_well_within_the_budget(monkeypatch):
 def test_a_home_that_cannot_be_found_is_exit_2(option, spec):
     one_error_line(cli("check", str(REPO / "configs" / "gpt-small-bf16.yaml"), option, spec,
                        *SMALL_RUN), option, "cannot expand '~'")
+
+
+# --- 9. launch scripts: `[[` nesting refused before tree-sitter parses; --help under --cross-check
+
+NESTED_TESTS = {
+    "[[ ( nested 50,000 deep": "[[ ( " * 50_000 + "a" + " ) ]]" * 50_000,
+    "if [[ ( nested": "if [[ ( " * 20_000 + "a" + " ) ]]; then :; fi" * 20_000,
+    "[[ [[ nested": "[[ " * 20_000 + "a" + " ]]" * 20_000,
+    "[[ a && ( nested": "[[ a && ( " * 20_000 + "b" + " ) ]]" * 20_000,
+    "unclosed [[ ( lines": "[[ ( a\n" * 50_000,
+    "cat <( [[ ( nested": "cat <( [[ ( " * 20_000 + "a" + " ) ]] )" * 20_000,
+    "through quoted $( ), a level a line": "[[ ( \"$(\n" * 20_000 + "a" + " )\" ) ]]" * 20_000,
+}
+
+
+@pytest.mark.parametrize("text", NESTED_TESTS.values(), ids=NESTED_TESTS.keys())
+def test_nested_tests_are_refused_before_tree_sitter_parses(text, tmp_path, monkeypatch):
+    from qaudit.load.sources import shell_tree
+
+    parsed = []
+
+    class Counting:
+        def parse(self, source):
+            parsed.append(len(source))
+            return real.parse(source)
+
+    real = shell_tree._PARSER
+    monkeypatch.setattr(shell_tree, "_PARSER", Counting())
+    script = tmp_path / "nested.sh"
+    script.write_text("torchrun pretrain_gpt.py --num-layers 2\n" + text + "\n")
+    one_error_line(cli("check", str(script), *SMALL_RUN), "nested.sh", "`[[` tests open at once")
+    assert parsed == []
+
+
+def test_real_scripts_nest_no_test(tmp_path):
+    """The corpus and bundled scripts open at most one `[[` at a time."""
+    from qaudit.load.sources.shell_tree import MAX_TEST_NESTING, _TEST_BRACKET
+
+    scripts = [*Path("/work/shared/corpus").rglob("*.sh"), *(REPO / "configs").rglob("*.sh"),
+               *(REPO / "tests").rglob("*.sh")]
+    deepest = 0
+    for script in scripts:
+        depth = 0
+        for bracket in _TEST_BRACKET.finditer(script.read_bytes()):
+            depth = depth + 1 if bracket.group(1) else max(0, depth - 1) if bracket.group(2) \
+                else depth
+            deepest = max(deepest, depth)
+    assert deepest <= 1 < MAX_TEST_NESTING
+    nested = ("if [[ -f x ]] && [[ ( $A == b ) ]]; then echo '[[ [[ [[' \" [[ ( \"; fi\n"
+              "# usage: [[ [[ [[\n") * 200
+    (tmp_path / "ok.sh").write_text("torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+                                    "--num-attention-heads 4\n" + nested)
+    code, _, err = cli("check", str(tmp_path / "ok.sh"), *SMALL_RUN)
+    assert code in (0, 1), err
+
+
+@pytest.mark.parametrize("word", ["--help", "-h"])
+def test_help_is_upstreams_refusal_before_its_parser_runs(word):
+    from qaudit.crosscheck.upstream_config import ArgumentsRejected, _parse
+
+    class Untouched:
+        def parse_args(self, **_):
+            raise AssertionError("upstream's parser ran")
+
+    with pytest.raises(ArgumentsRejected, match=f"{word} prints Megatron's help"):
+        _parse(Untouched(), ["--num-layers", "2", word])
+    with pytest.raises(AssertionError, match="parser ran"):  # a value after `--` is no option
+        _parse(Untouched(), ["--num-layers", "2", "--", word])
+
+
+@pytest.mark.slow
+def test_help_in_a_launch_script_under_cross_check_is_qa030(megatron, tmp_path):
+    import json
+
+    script = tmp_path / "help.sh"
+    script.write_text("torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+                      "--num-attention-heads 4 --help\n")
+    code, out, err = cli("check", str(script), "--cross-check", *SMALL_RUN, "-f", "json")
+    assert code == 1, err
+    assert any(f["rule"] == "QA030" and "--help" in f["message"]
+               for f in json.loads(out)["findings"])
