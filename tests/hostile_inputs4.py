@@ -14,8 +14,9 @@
 - `detection`: a Megatron tree (--megatron PATH or on the module path) whose helpers call each
   other N ways deep, or `~nosuchuser` paths: exit 0-2 within the time limit;
 - `expansion`: Bridge hybrid dumps whose MTP pattern and depths multiply to a huge
-  composition, launch scripts nesting `[[ (` deep, `--help` in a launch script under
-  --cross-check: exit 0-2, never 3.
+  composition, launch scripts nesting `[[ (` deep (one line or a level a line), `--help` in a
+  launch script (without --cross-check: tests/test_hostile_round4.py runs it with one): exit
+  0-2, never 3.
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def gen_directory(r: random.Random, folder: Path) -> Case:
             os.mkfifo(configs / f"fifo{i}.yaml")
     fmt = r.choice(["table", "github", "markdown", "json", "sarif"])
     return Case("directory", ["check", "configs", *SMALL_RUN, "-f", fmt], allowed=(0, 1, 2),
-                seconds=120, note=f"{kinds} -f {fmt}")
+                seconds=120, several=True, note=f"{kinds} -f {fmt}")
 
 
 # --- detection ----------------------------------------------------------------------------
@@ -242,5 +243,48 @@ def gen_detection(r: random.Random, folder: Path) -> Case:
                 sys_path=[str(tree)], note=f"auto, fan-out {fan_out}")
 
 
+# --- expansion ----------------------------------------------------------------------------
+
+def _hybrid_document(mtp_pattern: str, depths: int, repeated: bool) -> dict:
+    model = {"_target_": "megatron.bridge.models.hybrid.hybrid_provider.HybridModelProvider",
+             "hybrid_layer_pattern": "MEM*EMEME", "num_layers": 9, "hidden_size": 256,
+             "ffn_hidden_size": 512, "num_attention_heads": 4, "num_query_groups": 2,
+             "kv_channels": 64, "mamba_head_dim": 32, "mamba_num_groups": 8,
+             "mamba_num_heads": 16, "num_moe_experts": 8, "moe_ffn_hidden_size": 128,
+             "moe_grouped_gemm": True, "moe_router_topk": 2,
+             "moe_shared_expert_intermediate_size": 256,
+             "mtp_hybrid_override_pattern": mtp_pattern, "mtp_num_layers": depths,
+             "mtp_use_repeated_layer": repeated, "is_hybrid_model": True}
+    return {"_target_": CONTAINER, "model": model, "mixed_precision": "bf16_mixed"}
+
+
+def gen_expansion(r: random.Random, folder: Path) -> Case:
+    shape = r.choice(["mtp", "tests", "help"])
+    if shape == "mtp":
+        length = r.choice([2, 100, 1_000, 50_000, 400_000])
+        depths = r.choice([0, 1, 2, 100, 1024, 1025, 2**31])
+        (folder / "hybrid.yaml").write_text(yaml.safe_dump(_hybrid_document(
+            "*E" * (length // 2), depths, r.random() < 0.5), sort_keys=False))
+        return Case("expansion", ["check", "hybrid.yaml", *SMALL_RUN], allowed=(0, 1, 2),
+                    seconds=120, note=f"mtp pattern {length} x {depths}")
+    if shape == "tests":
+        depth = r.choice([10, 49, 50, 51, 1_000, 20_000, 50_000])
+        level = r.choice(["[[ ( ", "if [[ ( ", "[[ a && ( ", "[[ ", "cat <( [[ ( "])
+        close = {"[[ ( ": " ) ]]", "if [[ ( ": " ) ]]; then :; fi", "[[ a && ( ": " ) ]]",
+                 "[[ ": " ]]", "cat <( [[ ( ": " ) ]] )"}[level]
+        tail = close * depth if r.random() < 0.7 else ""
+        sep = "\n" if r.random() < 0.3 else ""
+        (folder / "nested.sh").write_text("torchrun pretrain_gpt.py --num-layers 2 "
+                                          "--hidden-size 64 --num-attention-heads 4\n"
+                                          + (level + sep) * depth + "a" + tail + "\n")
+        return Case("expansion", ["check", "nested.sh", *SMALL_RUN], allowed=(0, 1, 2),
+                    seconds=120, note=f"{level!r} x {depth}")
+    (folder / "help.sh").write_text("torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+                                    f"--num-attention-heads 4 {r.choice(['--help', '-h'])}\n")
+    return Case("expansion", ["check", "help.sh", *SMALL_RUN], allowed=(0, 1, 2), seconds=60,
+                note="--help in a launch script")
+
+
 FAMILIES4 = {"overrides": gen_overrides, "nodes": gen_nodes, "full_size": gen_full_size,
-             "directory": gen_directory, "detection": gen_detection}
+             "directory": gen_directory, "detection": gen_detection,
+             "expansion": gen_expansion}

@@ -583,3 +583,41 @@ def test_help_in_a_launch_script_under_cross_check_is_qa030(megatron, tmp_path):
     assert code == 1, err
     assert any(f["rule"] == "QA030" and "--help" in f["message"]
                for f in json.loads(out)["findings"])
+
+
+# --- 10. expansions sized before they are built: the hybrid MTP pattern composition -----------
+
+def hybrid_dump(tmp_path: Path, mtp_pattern: str, depths: int) -> str:
+    from test_bridge import ConfigContainer, serialized
+
+    document = serialized(ConfigContainer())
+    document["model"].update(mtp_hybrid_override_pattern=mtp_pattern, mtp_num_layers=depths,
+                             mtp_use_repeated_layer=False)
+    path = tmp_path / "hybrid.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return str(path)
+
+
+@pytest.mark.parametrize("length,depths", [(200_000, 1000), (1_000, 1024), (2_100, 1)])
+def test_an_mtp_pattern_composition_past_the_layers_is_refused_unbuilt(length, depths, tmp_path,
+                                                                        monkeypatch):
+    """The composed pattern's length is computed, not built: a 200 KB pattern x 1,000 depths
+    (200 MB once built; 900 KB peaked at 1.85 GB) is refused naming the key, and nothing near
+    that size is allocated on the way (counted with tracemalloc)."""
+    import tracemalloc
+
+    path = hybrid_dump(tmp_path, "*E" * (length // 2), depths)
+    tracemalloc.start()
+    try:
+        err = one_error_line(cli("check", path, *SMALL_RUN), "mtp_hybrid_override_pattern",
+                             "would be")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"{depths} x {length // 2 * 2} characters" in err
+    assert peak < 100 * 2**20
+
+
+def test_a_real_mtp_pattern_still_composes(tmp_path):
+    code, _, err = cli("check", hybrid_dump(tmp_path, "*E", 2), *SMALL_RUN)
+    assert code in (0, 1), err

@@ -211,6 +211,17 @@ def _compose_mtp_pattern(model: YamlMap, flat: Flat, put, where) -> None:
         return
     copies = max(1, depths) if model.get("mtp_use_repeated_layer") is True else depths
     main = pattern.split("/")[0]
+    # Sized before it is built: each symbol is a layer (or a pipeline split), and more than
+    # twice the layers qaudit builds is refused whatever the rest says (a 900 KB MTP pattern
+    # times its depths peaked at 1.85 GB before).
+    size = len(main) + copies * (len(mtp_pattern) + 1)
+    if size > 2 * config_module.MAX_BUILT_LAYERS:
+        file, line = where("model.mtp_hybrid_override_pattern", model,
+                           "mtp_hybrid_override_pattern")
+        raise InputError(f"the hybrid pattern composed with the MTP pattern once per depth "
+                         f"({copies} x {len(mtp_pattern)} characters) would be {size} "
+                         f"characters: more layers than the {config_module.MAX_BUILT_LAYERS} "
+                         "qaudit builds", file=file, line=line, key="mtp_hybrid_override_pattern")
     composed = main + "".join("/" + mtp_pattern for _ in range(copies))
     put("hybrid_layer_pattern", composed, where("model.mtp_hybrid_override_pattern", model,
                                                 "mtp_hybrid_override_pattern"))
