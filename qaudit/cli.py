@@ -157,7 +157,7 @@ def check(
 
     Several configs (or a directory): one summary line each, the worst exit code; json and
     sarif carry every file. Every option in detail: docs/usage.md."""
-    from qaudit.commands.targets import expand_targets, split_targets
+    from qaudit.commands.targets import expand_targets, is_override, split_targets
     from qaudit.files.outputs import allow_symlinked_output as follow_output_links
     from qaudit.run import distributed
     from qaudit.run.options import AuditOptions
@@ -186,8 +186,11 @@ def check(
         _fail(f"error: {exc}", EXIT_INTERNAL)
     from qaudit.load.bridge.overrides import Override
 
+    # Each argument's position on the command line, found in one pass (many thousands of
+    # overrides stay linear).
+    positions = [i + 1 for i, arg in enumerate(targets) if is_override(arg)]
     overrides = tuple([Override(path=path) for path in override_files or []]
-                      + [Override(text=text, index=targets.index(text) + 1) for text in arguments])
+                      + [Override(text=text, index=at) for text, at in zip(arguments, positions)])
     options = AuditOptions(policy=policy.value if policy else None, megatron=megatron, te=te,
                            steps=steps, microbatches=microbatches,
                            runtime=runtime.value, device=device.value if device else None,

@@ -62,6 +62,9 @@ class Case:
     forbidden: tuple[str, ...] = ()  # must not appear on stdout
     printable: bool = False  # every character printed is printable (or a newline)
     memory_mib: int | None = None  # RLIMIT_AS of the child process (subprocess cases)
+    # Round four: several configs (a directory), where an exit 2 is one `error:` line per
+    # refused file on stderr beside the summary on stdout.
+    several: bool = False
 
     def describe(self) -> str:
         return f"{self.family}: {self.note} argv={self.argv[:8]}"
@@ -574,7 +577,10 @@ def check_result(case: Case, folder: Path, code: int, out: str, err: str, before
         problems.append(f"exit {code}, expected one of {case.allowed}")
     if "Traceback" in err or "internal error" in err:
         problems.append("traceback or internal error")
-    if code == 2:
+    if code == 2 and case.several:
+        if not err or any(not line.startswith("error: ") for line in err.splitlines()):
+            problems.append(f"exit 2 with a line that is no error line: {err[-500:]!r}")
+    elif code == 2:
         lines = err.splitlines()
         if len(lines) != 1 or not lines[0].startswith("error: ") or out:
             problems.append(f"exit 2 is not one error line: {err[-500:]!r}")

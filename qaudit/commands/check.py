@@ -18,6 +18,7 @@ from qaudit.load.recipe import QuantRecipe
 from qaudit.plan.policies import COMPARED_POLICIES, POLICIES
 from qaudit.plan.upstream.target import check_config_runs_on
 from qaudit.commands.inputs import load_inputs
+from qaudit.plan.full_size import check_full_size_tensors
 from qaudit.run.audit import (check_config_runs_on_te, effective_policy, megatron_target,
                               run_audit, te_target)
 from qaudit.run.options import AuditOptions
@@ -40,6 +41,8 @@ def audit_inputs(config: ModelConfig, recipe: QuantRecipe | None,
     options = replace(options, megatron=megatron_target(options, config),  # once, for every re-audit
                       te=te_target(options))
     try:
+        if options.full_size:  # before anything is built: real widths must make real tensors
+            check_full_size_tensors(config)
         report = _audit_alternatives(config, recipe, options)
     except InputError as exc:  # about a field a Bridge override set: at the override
         raise locate_error(exc, config.source) from None

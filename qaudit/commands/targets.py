@@ -32,14 +32,29 @@ def split_targets(args: list[str]) -> tuple[list[str], list[str]]:
 
 
 def directory_configs(path: str) -> list[str]:
-    """The configs directly inside a directory, sorted by name; exit 2 when there are none."""
-    found = sorted(entry.name for entry in os.scandir(path)
-                   if entry.name.endswith(CONFIG_SUFFIXES) and not entry.name.startswith(".")
-                   and entry.is_file())
+    """The configs directly inside a directory, sorted by name; exit 2 when there are none or
+    the directory cannot be read. An entry whose kind cannot be told (a symbolic link that
+    loops or points nowhere, one qaudit may not stat) is kept: loading it names it with the
+    reason, and the other files are audited."""
+    try:
+        with os.scandir(path) as entries:
+            found = sorted(entry.name for entry in entries
+                           if entry.name.endswith(CONFIG_SUFFIXES)
+                           and not entry.name.startswith(".") and _may_be_file(entry))
+    except OSError as exc:
+        raise InputError(f"cannot read the directory: {exc.strerror or exc}", file=path) from None
     if not found:
         raise InputError(f"is a directory with no configs ({', '.join(CONFIG_SUFFIXES)} files) "
                          "in it", file=path)
     return [str(Path(path) / name) for name in found]
+
+
+def _may_be_file(entry: os.DirEntry) -> bool:
+    """A regular file, or a link whose target cannot be stat'ed (a directory is no config)."""
+    try:
+        return entry.is_file() or (entry.is_symlink() and not os.path.exists(entry.path))
+    except OSError:  # a link loop (ELOOP), no permission to stat
+        return True
 
 
 def expand_targets(paths: list[str]) -> tuple[list[str], bool]:

@@ -275,9 +275,20 @@ class ArgumentsRejected(Exception):
     """Megatron's parse_args or validate_args refused the command line."""
 
 
+# argparse's help options (Megatron's parser keeps add_help and sets allow_abbrev=False):
+# upstream prints its help and exits, so nothing would train; formatting that help may even
+# raise (0.19.2: ValueError on a `%)` in one option's help).
+HELP_OPTIONS = ("-h", "--help")
+
+
 def _parse(arguments: Any, argv: list[str]) -> Any:
     import sys
 
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    asked = next((word for word in words if word in HELP_OPTIONS), None)
+    if asked is not None:
+        raise ArgumentsRejected(f"parse_args: {asked} prints Megatron's help and exits; the "
+                                "launch trains nothing")
     saved = sys.argv
     sys.argv = [ENTRY_SCRIPT, *argv]
     errors = io.StringIO()

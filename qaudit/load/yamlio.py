@@ -7,6 +7,8 @@ Findings and errors point at the YAML line that causes them, so plain dicts are 
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -74,10 +76,13 @@ class BoundedSafeLoader(yaml.SafeLoader):
 class _LineLoader(BoundedSafeLoader):
     """The bounded safe loader, building YamlMap/YamlList."""
 
-    def __init__(self, stream: str, file: str, duplicates: list[Duplicate] | None = None) -> None:
+    def __init__(self, stream: str, file: str, duplicates: list[Duplicate] | None = None,
+                 lines: bool = True) -> None:
         super().__init__(stream)
         self.file = file
         self.alias_count = 0
+        # False for text that is not a file (an override argument): no line to point at.
+        self.lines = lines
         # None: a duplicate key is an error. A list: PyYAML's own behaviour (the last value
         # wins, at the first one's position in the mapping), each duplicate recorded here.
         self.duplicates = duplicates
@@ -130,7 +135,7 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> YamlMap:
     written = sum(1 for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge")
     loader.flatten_mapping(node)
     merged = len(node.value) - written  # flatten_mapping puts merged pairs first
-    result = YamlMap(line=node.start_mark.line + 1)
+    result = YamlMap(line=node.start_mark.line + 1 if loader.lines else None)
     from_merge: set[Any] = set()  # keys whose value a merge key (`<<: *x`) brought in
     for index, (key_node, value_node) in enumerate(node.value):
         key = loader.construct_object(key_node, deep=True)
@@ -148,13 +153,13 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> YamlMap:
             raise InputError("duplicate key (the first value would be silently replaced)",
                              file=loader.file, line=line, key=str(key))
         result[key] = loader.construct_object(value_node, deep=True)
-        result.key_lines[key] = line
+        result.key_lines[key] = line if loader.lines else None
     return result
 
 
 def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> YamlList:
     return YamlList((loader.construct_object(child, deep=True) for child in node.value),
-                    line=node.start_mark.line + 1)
+                    line=node.start_mark.line + 1 if loader.lines else None)
 
 
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
@@ -170,16 +175,17 @@ def value_loader(file: str) -> BoundedSafeLoader:
 def read_text(path: Path, display: str) -> str:
     """Read a small UTF-8 text file, turning every failure into an InputError."""
     try:
-        if not path.exists():
-            raise InputError("file not found", file=display)
-        if path.is_dir():
-            raise InputError("is a directory, expected a YAML file", file=display)
-        if not path.is_file():
-            # Devices and pipes report no size and may never end.
-            raise InputError("not a regular file", file=display)
-    except (OSError, ValueError) as exc:  # name too long, NUL in the name, no permission
+        mode = os.stat(path).st_mode  # one stat: a link loop is said as such, not "not found"
+    except FileNotFoundError:
+        raise InputError("file not found", file=display) from None
+    except (OSError, ValueError) as exc:  # link loop, name too long, NUL, no permission
         raise InputError(f"cannot open file: {getattr(exc, 'strerror', None) or exc}",
                          file=display) from None
+    if stat.S_ISDIR(mode):
+        raise InputError("is a directory, expected a YAML file", file=display)
+    if not stat.S_ISREG(mode):
+        # Devices and pipes report no size and may never end.
+        raise InputError("not a regular file", file=display)
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
@@ -200,31 +206,40 @@ def load_yaml(path: Path, display: str | None = None,
     """Load one YAML document safely; errors carry the file and line. With `duplicates`, a
     key written twice is kept as PyYAML keeps it (last value) and recorded there."""
     display = display or str(path)
-    text = read_text(path, display)
+    return load_yaml_text(read_text(path, display), display, duplicates)
+
+
+def load_yaml_text(text: str, display: str, duplicates: list[Duplicate] | None = None,
+                   lines: bool = True) -> Any:
+    """`load_yaml` on text already read (or given on the command line: `lines` False leaves
+    every line unknown), within the same bounds: size, aliases, expansion, nesting, digits."""
+    if len(text) > MAX_FILE_BYTES:
+        raise InputError(f"{len(text)} characters; more than {MAX_FILE_BYTES} is refused",
+                         file=display)
     if "\x00" in text:
         raise InputError("binary data (NUL byte), expected YAML text", file=display)
     loader = None
     try:
-        loader = _LineLoader(text, display, duplicates)  # checks every character (ReaderError)
+        loader = _LineLoader(text, display, duplicates, lines)  # checks every character
         node = loader.get_single_node()
         if node is None:
             raise InputError("empty file, expected a YAML mapping", file=display)
         document = loader.construct_document(node)
-        expanded = _expanded_size(document, {})
+        expanded = expanded_size(document)
         if expanded > MAX_EXPANDED_VALUES:
             raise InputError(f"aliases expand this document to {expanded} values; more than "
                              f"{MAX_EXPANDED_VALUES} is refused", file=display)
         return document
     except NestedTooDeeply as exc:
         raise InputError(f"YAML nested too deeply (more than {MAX_NESTING} levels)", file=display,
-                         line=exc.problem_mark.line + 1) from None
+                         line=exc.problem_mark.line + 1 if lines else None) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
+        line = mark.line + 1 if mark and lines else None
         problem = exc.problem or exc.context or "invalid YAML"
         raise InputError(f"invalid YAML: {problem}", file=display, line=line) from None
     except yaml.reader.ReaderError as exc:
-        line = text[: exc.position].count("\n") + 1
+        line = text[: exc.position].count("\n") + 1 if lines else None
         raise InputError(f"invalid YAML: unacceptable character #x{exc.character:04x}: "
                          f"{exc.reason}", file=display, line=line) from None
     except yaml.YAMLError as exc:
@@ -235,6 +250,13 @@ def load_yaml(path: Path, display: str | None = None,
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def expanded_size(value: Any) -> int:
+    """Values in `value` once aliases (shared lists and mappings) are expanded, counted in
+    time linear in the distinct objects; past MAX_EXPANDED_VALUES the count stops there
+    (a cycle counts as past it)."""
+    return _expanded_size(value, {})
 
 
 def _expanded_size(value: Any, memo: dict[int, int]) -> int:

@@ -151,6 +151,13 @@ def _widths(leaf: str, path: str, config: ModelConfig, d: Dims, p: Parallel) \
     return table.get(leaf)
 
 
+def module_widths(leaf: str, path: str, config: ModelConfig, d: Dims, p: Parallel) \
+        -> tuple[int, int, str] | None:
+    """(K, N, mode) of a module at full width before the split (`_widths`), for the other
+    checks of real widths (qaudit/plan/full_size.py)."""
+    return _widths(leaf, path, config, d, p)
+
+
 def gemm_shape(config: ModelConfig, module: str, upstream_class: str, p: Parallel,
                dims: Dims | None = None, built: tuple[int, int] | None = None
                ) -> GemmShape | None:

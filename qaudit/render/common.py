@@ -357,8 +357,10 @@ def calls_text(row: ModuleRow) -> str:
 
 
 def location(file: str | None, line: int | None) -> str:
+    """`file:line` on one line: a newline in a file's name is written `\\n`."""
     if not file:
         return ""
+    file = printable(file)
     return f"{file}:{line}" if line else file
 
 

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from qaudit.errors import printable
 from qaudit.judge.report import Report
 from qaudit.render.common import repo_relative, summary_counts
 
@@ -29,9 +30,17 @@ def worst_code(items: list[Audited]) -> int:
 
 
 def _line(item: Audited) -> str:
+    """One file's summary line: one line whatever the file is named (a newline in a name
+    would otherwise start a line of its own, in `github` a workflow command)."""
     if item.report is None:
-        return f"exit {item.code}  {item.path}: {item.error}"
-    return f"exit {item.code}  {item.path}: {summary_counts(item.report)}"
+        return f"exit {item.code}  {_name(item.path)}: {printable(item.error or '')}"
+    return f"exit {item.code}  {_name(item.path)}: {summary_counts(item.report)}"
+
+
+def _name(path: str) -> str:
+    """A file name on one of this module's own lines: every control character escaped (so
+    no newline starts a line with it) and the legacy `##[` command form broken."""
+    return printable(path).replace("##[", "#\\#[")
 
 
 def render_many(items: list[Audited], fmt: str) -> str:
@@ -56,7 +65,8 @@ def _render_many(items: list[Audited], fmt: str) -> str:
 
     if fmt == "markdown":
         parts = [render(item.report, item.code, "markdown") if item.report is not None
-                 else f"**{item.path}**: {item.error} (exit {item.code})\n" for item in items]
+                 else f"**{_name(item.path)}**: {printable(item.error or '')} (exit {item.code})\n"
+                 for item in items]
         return "\n---\n\n".join(parts)
     if fmt == "github":
         out = []

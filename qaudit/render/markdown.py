@@ -12,6 +12,7 @@ from qaudit.render.common import (SHAPE_HEADERS, calls_text, collapse_names, cro
                                   megatron_text, memory_line, policy_text, severity_counts,
                                   shape_rows, shape_title, short_type, summary_counts,
                                   suppressed_findings, te_text)
+from qaudit.errors import printable
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
 
@@ -27,8 +28,9 @@ def escape(text: str) -> str:
 
 
 def code(text: str) -> str:
-    """Text as an inline code span (safe in a table cell)."""
-    text = text.replace("|", "\\|")
+    """Text as an inline code span (safe in a table cell, one line: a newline in a name is
+    written `\\n`)."""
+    text = printable(text).replace("|", "\\|")
     fence = "``" if "`" in text else "`"
     pad = " " if "`" in text else ""
     return f"{fence}{pad}{text}{pad}{fence}"

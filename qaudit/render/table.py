@@ -13,6 +13,7 @@ import re
 import textwrap
 from typing import Callable
 
+from qaudit.errors import printable
 from qaudit.judge.report import SEVERITIES
 from qaudit.render.common import (SHAPE_HEADERS, FindingGroup, RowGroup, calls_text,
                                   collapse_rows, compress_names, cross_check_line, format_error,
@@ -67,7 +68,7 @@ def _header(report: Report, width: int) -> list[str]:
     memory = memory_line(report)
     if memory:
         lines.extend(_wrap(memory, width, "", "  "))
-    config = f"config: {report.config}"
+    config = f"config: {printable(report.config)}"
     recipe = f"recipe: {report.recipe}" if report.recipe else ""
     if recipe and len(config) + 3 + len(recipe) <= width:
         lines.append(f"{config}   {recipe}")

@@ -115,6 +115,12 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
                          line=model_node.line_of("is_vision_language"),
                          key="model.is_vision_language")
     model = plain(model_node)
+    if not isinstance(model, YamlMap):  # only `_target_`, `_call_`, `_args_`...: no field
+        file, line = where("model", document, "model")
+        raise InputError(f"'model' names {short_repr(target_of(model_node))} with no fields (only "
+                         f"{', '.join(sorted(map(str, model_node)))}): the provider's sizes are "
+                         "what qaudit audits, and a dump writes every field", file=file,
+                         line=line, key="model")
     transformer = model.pop("transformer", None)
     if isinstance(transformer, YamlMap):  # GPTModelConfig / HybridModelConfig nest the fields
         for key, value in transformer.items():
@@ -205,6 +211,17 @@ def _compose_mtp_pattern(model: YamlMap, flat: Flat, put, where) -> None:
         return
     copies = max(1, depths) if model.get("mtp_use_repeated_layer") is True else depths
     main = pattern.split("/")[0]
+    # Sized before it is built: each symbol is a layer (or a pipeline split), and more than
+    # twice the layers qaudit builds is refused whatever the rest says (a 900 KB MTP pattern
+    # times its depths peaked at 1.85 GB before).
+    size = len(main) + copies * (len(mtp_pattern) + 1)
+    if size > 2 * config_module.MAX_BUILT_LAYERS:
+        file, line = where("model.mtp_hybrid_override_pattern", model,
+                           "mtp_hybrid_override_pattern")
+        raise InputError(f"the hybrid pattern composed with the MTP pattern once per depth "
+                         f"({copies} x {len(mtp_pattern)} characters) would be {size} "
+                         f"characters: more layers than the {config_module.MAX_BUILT_LAYERS} "
+                         "qaudit builds", file=file, line=line, key="mtp_hybrid_override_pattern")
     composed = main + "".join("/" + mtp_pattern for _ in range(copies))
     put("hybrid_layer_pattern", composed, where("model.mtp_hybrid_override_pattern", model,
                                                 "mtp_hybrid_override_pattern"))
@@ -230,7 +247,7 @@ def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, whe
                              key="mixed_precision")
         flat.info.explanations.append(f"mixed_precision: {node} (Bridge's named recipe)")
     elif isinstance(node, YamlMap):
-        section = plain(node)
+        section = _mixed_precision_fields(node, at_section)
         values = dict(mp.DEFAULTS)
         for key, value in section.items():
             values[key] = value
@@ -258,6 +275,23 @@ def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, whe
                 f"is replaced by mixed_precision's {value!r}: Bridge's runtime_config_update "
                 "copies the section onto the model; override mixed_precision instead")
         put(name, value, at)
+
+
+def _mixed_precision_fields(node: YamlMap, at: Where) -> YamlMap:
+    """The section's settings. A bare `{_target_: ...MixedPrecisionConfig}` is the dataclass
+    with its defaults; any other node without fields (a function, an enum member, another
+    class) is no MixedPrecisionConfig."""
+    section = plain(node)
+    if isinstance(section, YamlMap):
+        return section
+    target = target_of(node) or ""
+    if short_name(target) == "MixedPrecisionConfig" and set(node) <= {"_target_", "_call_"} \
+            and node.get("_call_", True) is True:
+        return YamlMap(line=node.line)
+    raise InputError(f"expected a MixedPrecisionConfig mapping or a recipe name, got a node "
+                     f"naming {short_repr(target)} with no fields (only "
+                     f"{', '.join(sorted(map(str, node)))})", file=at[0], line=at[1],
+                     key="mixed_precision")
 
 
 def _apply_parallel_sections(document: YamlMap, flat: Flat, put, where) -> None:

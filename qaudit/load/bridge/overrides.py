@@ -19,15 +19,15 @@ imported or resolved. Each key set is traced to the file and line, or the argume
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
-
 from qaudit.errors import InputError
-from qaudit.load.yamlio import BoundedSafeLoader, YamlList, YamlMap, load_yaml, type_name
+from qaudit.load.yamlio import (MAX_EXPANDED_VALUES, MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_NESTING,
+                                YamlMap, expanded_size, load_yaml, load_yaml_text, type_name)
 
 Where = tuple[str, "int | None"]
 
@@ -55,17 +55,46 @@ def apply_overrides(document: YamlMap, display: str, overrides: Sequence[Overrid
     remarks: list[str] = []
     items = [o if isinstance(o, Override) else Override(text=o, index=i + 1)
              for i, o in enumerate(overrides)]
+    budget = _Budget()
+    files: dict[str, YamlMap] = {}  # each override file is read once, however often named
     for item in items:
         if item.path is not None:
-            _merge_file(document, item.path, origins)
+            update = files.get(_file_key(item.path))
+            if update is None:
+                update = files[_file_key(item.path)] = read_override_file(item.path)
+            budget.spend(update, item)
+            _merge(document, update, "", item.path, origins)
     for item in items:
         if item.text is not None:
-            if _apply_argument(document, item, origins):
+            if _apply_argument(document, item, origins, budget):
                 remarks.append(f"{item.label}: Bridge writes back only the keys left after the "
                                "overrides, so a deleted key keeps the recipe's value")
     deleted = {o.text.lstrip("~").partition("=")[0] for o in items
                if o.text is not None and o.text.startswith("~")}
     return origins, set(origins) - deleted, remarks
+
+
+class _Budget:
+    """Values the overrides bring in, all of them together, aliases expanded: each file and
+    argument is bounded on its own by the loader, and this bounds many of them named at once
+    (the same file 200 times, thousands of aliased arguments)."""
+
+    def __init__(self) -> None:
+        self.spent = 0
+
+    def spend(self, value: Any, item: Override) -> None:
+        self.spent += expanded_size(value)
+        if self.spent > MAX_EXPANDED_VALUES:
+            raise InputError(f"the overrides up to this one bring in more than "
+                             f"{MAX_EXPANDED_VALUES} values (aliases expanded); refused",
+                             file=item.label)
+
+
+def _file_key(path: str) -> str:
+    try:
+        return os.path.realpath(path)
+    except (OSError, ValueError):  # a NUL in the name: read_override_file says what is wrong
+        return path
 
 
 # --- override files ------------------------------------------------------------------------
@@ -79,10 +108,6 @@ def read_override_file(path: str) -> YamlMap:
     if isinstance(wrapped, YamlMap) and set(document) <= {"ConfigContainer", "perf_matrix"}:
         return wrapped
     return document
-
-
-def _merge_file(document: YamlMap, path: str, origins: dict[str, Where]) -> None:
-    _merge(document, read_override_file(path), "", path, origins)
 
 
 def _merge(base: YamlMap, update: YamlMap, prefix: str, file: str,
@@ -115,7 +140,8 @@ _FLOAT = re.compile(r"^[+-]?(\d[\d_]*\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|
 _FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\(.*\)$", re.DOTALL)
 
 
-def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where]) -> bool:
+def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where],
+                    budget: _Budget) -> bool:
     """Apply one argument; True for a deletion (which changes nothing in Bridge)."""
     text = item.text or ""
     where = (item.label, None)
@@ -123,6 +149,8 @@ def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where]
     def fail(message: str, key: str | None = None) -> InputError:
         return InputError(message, file=item.label, key=key)
 
+    if len(text) > MAX_FILE_BYTES:
+        raise fail(f"{len(text)} characters; more than {MAX_FILE_BYTES} is refused, as for a file")
     prefix = "++" if text.startswith("++") else text[:1] if text[:1] in "+~" else ""
     body = text[len(prefix):]
     key, sep, raw = body.partition("=")
@@ -131,8 +159,12 @@ def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where]
         raise fail("expected key=value (Hydra override syntax: a.b=c, +a.b=c, ++a.b=c, ~a.b)")
     if prefix != "~" and not sep:
         raise fail("missing '=value' (Hydra override syntax: a.b=c, +a.b=c, ++a.b=c, ~a.b)", key)
-    value = parse_value(raw, fail, key) if prefix != "~" else None
     parts = key.split(".")
+    if len(parts) > MAX_NESTING:
+        raise fail(f"a key {len(parts)} levels deep; more than {MAX_NESTING} is refused, as for "
+                   "a file", key)
+    value = parse_value(raw, fail, key) if prefix != "~" else None
+    budget.spend(value, item)
     parent = document
     for depth, part in enumerate(parts[:-1]):
         child = parent.get(part)
@@ -185,29 +217,23 @@ def parse_value(raw: str, fail, key: str) -> Any:
     if lowered in ("true", "false"):
         return lowered == "true"
     if _INT.match(text):
+        digits = len(text.lstrip("+-").replace("_", ""))
+        if digits > MAX_INT_DIGITS:
+            raise fail(f"an integer of {digits} digits; more than {MAX_INT_DIGITS} is refused, "
+                       "as in a file", key)
         return int(text.replace("_", ""))
     if _FLOAT.match(text):
         return float(text.replace("_", ""))
     if text[0] in "[{":
+        # The loader of files, with its bounds (aliases, expansion, nesting, digits) and its
+        # messages for bad tagged values; an argument has no lines to point at.
         try:
-            loaded = yaml.load(text, Loader=BoundedSafeLoader)  # noqa: S506 - safe, bounded
-        except yaml.YAMLError:
-            raise fail(f"cannot read the value {text!r} as a list or mapping", key) from None
-        return _lined(loaded)
+            return load_yaml_text(text, "argument", lines=False)
+        except InputError as exc:
+            raise fail(f"cannot read the value as a list or mapping: {exc.message}",
+                       key) from None
     if _FUNCTION.match(text):
         raise fail(f"Hydra grammar functions ({text.split('(')[0]}(...)) are not supported", key)
     if "," in text:
         raise fail("a sweep (a=1,2) needs Hydra's multirun, which Bridge does not use", key)
     return text
-
-
-def _lined(value: Any) -> Any:
-    if isinstance(value, dict):
-        result = YamlMap(line=None)
-        for k, v in value.items():
-            result[k] = _lined(v)
-            result.key_lines[k] = None
-        return result
-    if isinstance(value, list):
-        return YamlList((_lined(v) for v in value), line=None)
-    return value

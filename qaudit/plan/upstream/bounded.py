@@ -106,6 +106,18 @@ def is_dir(path: Path) -> bool:
         return False
 
 
+def home_expanded(spec: str, option: str) -> Path:
+    """An option's path with `~` / `~user` expanded; a home that cannot be found
+    (`~nosuchuser/x`, no HOME) is the user's error, exit 2."""
+    from qaudit.errors import InputError
+
+    try:
+        return Path(spec).expanduser()
+    except RuntimeError:
+        raise InputError(f"{option} {shown(spec)}: cannot expand '~' (no such user, or no home "
+                         "directory)") from None
+
+
 def names_a_path(spec: str) -> bool:
     """An option value meant as a directory rather than a name: it has a separator, starts
     like a relative or home path, or is an existing directory."""

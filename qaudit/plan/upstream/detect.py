@@ -43,6 +43,11 @@ _WRAPPERS = ("TELinear", "TELayerNormColumnParallelLinear", "TEGroupedLinear")
 # How strongly each passing rule tracks: when wrappers disagree, the one that loses the most
 # gradients (the first here) is audited, so that a mixed install is never passed too easily.
 _PASSING_ORDER = ("flag", "legacy", "config", "module")
+# Syntax-tree nodes visited while reading one Megatron's behaviour (indexing its functions,
+# following helper calls, looking for settings and names). megatron-core 0.19.2 takes 17,227;
+# a file whose helpers call each other N ways deep took N^4 walks before the memo (59 s at
+# N=24). Past this, "could not read its behaviour" with the reason, never minutes.
+MAX_READ_NODES = 1_000_000
 
 
 class UnreadableMegatron(Exception):
@@ -195,47 +200,66 @@ def _method(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef | None:
 
 
 class _Functions:
-    """Functions and methods defined in the files read, by name, for following helper calls."""
+    """Functions and methods defined in the files read, by name, for following helper calls;
+    also the reading's work budget (`walk` counts every node visited) and its memos."""
 
     def __init__(self, trees: Iterable[ast.Module]) -> None:
+        self.left = self.limit = MAX_READ_NODES
         self.by_name: dict[str, ast.AST] = {}
+        self._called: dict[int, list[ast.AST]] = {}
+        self.decided: dict[tuple[int, frozenset[str], int], bool] = {}
         for tree in trees:
-            for node in ast.walk(tree):
+            for node in self.walk(tree):
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     self.by_name.setdefault(node.name, node)
 
+    def walk(self, node: ast.AST) -> Iterable[ast.AST]:
+        """`ast.walk`, each node counted against the budget."""
+        for found in ast.walk(node):
+            self.left -= 1
+            if self.left < 0:
+                raise UnreadableMegatron(f"following its helper calls visits more than "
+                                         f"{self.limit} syntax-tree nodes")
+            yield found
+
     def called(self, node: ast.AST) -> list[ast.AST]:
+        known = self._called.get(id(node))  # nodes live as long as their trees: ids hold
+        if known is not None:
+            return known
         found = []
-        for call in ast.walk(node):
+        for call in self.walk(node):
             if isinstance(call, ast.Call):
                 name = (call.func.id if isinstance(call.func, ast.Name)
                         else call.func.attr if isinstance(call.func, ast.Attribute) else None)
                 if name in self.by_name:
                     found.append(self.by_name[name])
+        self._called[id(node)] = found
         return found
 
 
 def _reachable(nodes: list[ast.AST], helpers: _Functions, depth: int = 4) -> list[ast.AST]:
     """`nodes` and the bodies of the helpers they call, transitively (bounded)."""
     seen: list[ast.AST] = []
+    seen_ids: set[int] = set()
     frontier = list(nodes)
     for _ in range(depth + 1):
         following = []
         for node in frontier:
-            if any(node is s for s in seen):
+            if id(node) in seen_ids:
                 continue
+            seen_ids.add(id(node))
             seen.append(node)
             following.extend(helpers.called(node))
         frontier = following
     return seen
 
 
-def _config_settings(nodes: list[ast.AST]) -> set[str]:
+def _config_settings(nodes: list[ast.AST], helpers: _Functions) -> set[str]:
     """The quantization settings read from a config: `x.config.fp8`, `config.fp4`,
     `getattr(self.config, "use_kitchen", False)`."""
     found = set()
     for root in nodes:
-        for node in ast.walk(root):
+        for node in helpers.walk(root):
             if isinstance(node, ast.Attribute) and node.attr in REARM_SETTINGS \
                     and _is_config(node.value):
                 found.add(node.attr)
@@ -252,9 +276,9 @@ def _is_config(node: ast.AST) -> bool:
         (isinstance(node, ast.Attribute) and node.attr == "config")
 
 
-def _mentions(nodes: list[ast.AST], name: str) -> bool:
+def _mentions(nodes: list[ast.AST], name: str, helpers: _Functions) -> bool:
     for root in nodes:
-        for node in ast.walk(root):
+        for node in helpers.walk(root):
             if (isinstance(node, ast.Attribute) and node.attr == name) or \
                     (isinstance(node, ast.Constant) and node.value == name) or \
                     (isinstance(node, ast.Name) and node.id == name):
@@ -266,8 +290,17 @@ def _module_decides(node: ast.AST, module_names: set[str], helpers: _Functions,
                     depth: int = 4) -> bool:
     """Whether the module itself is asked `will_execute_quantized` on the way to the value:
     directly, or by a helper the module is passed to (followed by parameter, so that a helper
-    that could take a module but is called with the config alone does not count)."""
-    for call in ast.walk(node):
+    that could take a module but is called with the config alone does not count). Each
+    (node, names, depth) is decided once: helpers calling each other N ways cost N, not N^4."""
+    key = (id(node), frozenset(module_names), depth)
+    known = helpers.decided.get(key)
+    if known is None:
+        known = helpers.decided[key] = _decides(node, module_names, helpers, depth)
+    return known
+
+
+def _decides(node: ast.AST, module_names: set[str], helpers: _Functions, depth: int) -> bool:
+    for call in helpers.walk(node):
         if not isinstance(call, ast.Call):
             continue
         func = call.func
@@ -307,15 +340,15 @@ def _rearm_guard(tree: ast.Module, helpers: _Functions) -> tuple[str, ...] | Non
         raise UnreadableMegatron("MegatronModule.set_is_first_microbatch not found in "
                                  f"{_MODULE_PY}")
     for statement in method.body:
-        if isinstance(statement, ast.If) and _arms(statement.body):
+        if isinstance(statement, ast.If) and _arms(statement.body, helpers):
             guard = [statement.test]
         elif isinstance(statement, ast.If) and _returns(statement.body):
             guard = [statement.test]  # an early exit tests the same settings
         else:
-            if _arms([statement]):
+            if _arms([statement], helpers):
                 return None  # the flags are set before any test: always re-armed
             continue
-        settings = _config_settings(_reachable(guard, helpers))
+        settings = _config_settings(_reachable(guard, helpers), helpers)
         if not settings:
             raise UnreadableMegatron("the re-arm guard of set_is_first_microbatch tests no "
                                      "quantization setting qaudit knows")
@@ -323,9 +356,9 @@ def _rearm_guard(tree: ast.Module, helpers: _Functions) -> tuple[str, ...] | Non
     raise UnreadableMegatron("set_is_first_microbatch sets no is_first_microbatch flag")
 
 
-def _arms(statements: list[ast.stmt]) -> bool:
+def _arms(statements: list[ast.stmt], helpers: _Functions) -> bool:
     for statement in statements:
-        for node in ast.walk(statement):
+        for node in helpers.walk(statement):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
                     and node.value.value is True \
                     and any(isinstance(t, ast.Attribute) and t.attr == "is_first_microbatch"
@@ -351,14 +384,14 @@ def _passing_rule(tree: ast.Module, helpers: _Functions) -> str:
 
 
 def _passed_value_rule(cls: str, forward: ast.AST, helpers: _Functions) -> str:
-    values = [kw.value for node in ast.walk(forward) if isinstance(node, ast.Call)
+    values = [kw.value for node in helpers.walk(forward) if isinstance(node, ast.Call)
               for kw in node.keywords if kw.arg == "is_first_microbatch"]
     if not values:
         raise UnreadableMegatron(f"{cls}.forward passes no is_first_microbatch to TE")
     # A local variable: follow its assignments in forward().
     local = {v.id for v in values if isinstance(v, ast.Name)}
     sources: list[ast.AST] = [v for v in values if not isinstance(v, ast.Name)]
-    for node in ast.walk(forward):
+    for node in helpers.walk(forward):
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Name) and t.id in local for t in targets) and node.value:
@@ -368,10 +401,10 @@ def _passed_value_rule(cls: str, forward: ast.AST, helpers: _Functions) -> str:
     if any(_module_decides(source, {"self"}, helpers) for source in sources):
         return "module"
     reached = _reachable(sources, helpers)
-    if _config_settings(reached):
+    if _config_settings(reached, helpers):
         return "config"
-    if _mentions(reached, "disable_parameter_transpose_cache"):
+    if _mentions(reached, "disable_parameter_transpose_cache", helpers):
         return "legacy"
-    if _mentions(reached, "is_first_microbatch"):
+    if _mentions(reached, "is_first_microbatch", helpers):
         return "flag"
     raise UnreadableMegatron(f"unrecognised is_first_microbatch passed by {cls}.forward")

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from qaudit.load.config import ModelConfig
 from qaudit.errors import InputError
-from qaudit.plan.upstream.bounded import is_dir, names_a_path, shown
+from qaudit.plan.upstream.bounded import home_expanded, is_dir, names_a_path, shown
 from qaudit.plan.upstream.commits import MAIN_LABEL, KnownCommit, commit_names, known_commit
 from qaudit.plan.upstream.detect import (MegatronLocation, UnreadableMegatron, locate_megatron,
                                          megatron_at, read_behaviour)
@@ -97,7 +97,7 @@ def _commit_target(source: str, known: KnownCommit, note: str | None = None) -> 
 
 
 def _at_path(spec: str) -> MegatronTarget:
-    path = Path(spec).expanduser()
+    path = home_expanded(spec, "--megatron")
     if not is_dir(path):
         raise InputError(f"--megatron {shown(spec)}: no such directory")
     location = megatron_at(path)

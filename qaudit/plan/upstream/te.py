@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from qaudit.errors import InputError
-from qaudit.plan.upstream.bounded import (RefusedRead, is_dir, is_file, names_a_path,
-                                          read_text, shown)
+from qaudit.plan.upstream.bounded import (RefusedRead, home_expanded, is_dir, is_file,
+                                          names_a_path, read_text, shown)
 from qaudit.plan.upstream.dist_info import VersionRead, dist_info_version, plausible_version
 
 # TE releases whose Python sources qaudit's facts were read in: every tag from v1.9 (the
@@ -139,7 +139,7 @@ def resolve_te(spec: str = "auto", search_path: Sequence[str] | None = None) -> 
 def _te_at_path(spec: str) -> TETarget:
     """`--te PATH`: the directory holding `transformer_engine/` (or that package itself), its
     version read as `auto` reads the importable one's."""
-    path = Path(spec).expanduser()
+    path = home_expanded(spec, "--te")
     if not is_dir(path):
         raise InputError(f"--te {shown(spec)}: no such directory")
     root = path.parent if path.name == "transformer_engine" else path
