@@ -322,7 +322,8 @@ def _policy_lines(policies) -> list[str]:
 
 
 def _suggestion_lines(suggestions, width: int) -> list[str]:
-    """Remedies re-audited by --suggest: whether each passes, its cost and its YAML."""
+    """Remedies re-audited by --suggest: whether each passes, its cost and the change in the
+    input's own syntax."""
     lines = ["", "suggested remedies (each re-audited):"]
     for item in suggestions if isinstance(suggestions, list) else [suggestions]:
         if not isinstance(item, dict):
@@ -334,7 +335,7 @@ def _suggestion_lines(suggestions, width: int) -> list[str]:
         if item.get("cost"):
             lines.extend(_wrap(f"cost: {item['cost']}", width, "    ", "          "))
         if item.get("yaml"):
-            lines.append("    yaml:")
+            lines.append("    change:")
             lines.extend("      " + line for line in str(item["yaml"]).rstrip().splitlines())
     return lines
 
