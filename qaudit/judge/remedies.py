@@ -38,7 +38,7 @@ def cheapest_first(remedies: Iterable[Remedy]) -> list[Remedy]:
 
 
 def _count(params: int) -> str:
-    return f"{params / 1e9:.2f} B" if params >= 10**7 else f"{params / 1e6:.2f} M"
+    return f"{params / 1e9:.2f} B" if params >= 10**9 else f"{params / 1e6:.1f} M"
 
 
 def _gib(params: int) -> str:
