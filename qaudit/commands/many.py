@@ -27,7 +27,7 @@ def _refuse(message: str) -> int:
 def check_many(files: list[str], recipe: str | None, options: AuditOptions,
                set_values: list[str] | None, output_format: str, fail_on: str,
                output: list[str] | None, baseline: str | None, write_baseline: str | None,
-               suggest: bool) -> int:
+               suggest: bool, show_info: bool = False) -> int:
     """Audit each of `files`, print, and return the worst exit code."""
     import os
     import sys
@@ -69,15 +69,17 @@ def check_many(files: list[str], recipe: str | None, options: AuditOptions,
             items.append(Audited(path, EXIT_INTERNAL, error=str(exc)))
             continue
         items.append(Audited(path, report.exit_code(fail_on), report))
-    emission = Emission(render_many(items, output_format),
-                        [(out_path, render_many(items, fmt)) for fmt, out_path in outputs])
+    emission = Emission(render_many(items, output_format, show_info),
+                        [(out_path, render_many(items, fmt, show_info))
+                         for fmt, out_path in outputs])
     if os.environ.get("GITHUB_ACTIONS") == "true":
         from qaudit.render.github import render_annotations
 
         if output_format != "github":
             from qaudit.render.defuse import defuse
 
-            emission.stderr = defuse("".join(render_annotations(item.report) for item in items
+            emission.stderr = defuse("".join(render_annotations(item.report, show_info)
+                                             for item in items
                                              if item.report is not None), commands=False)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:

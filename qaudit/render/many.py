@@ -34,14 +34,14 @@ def _line(item: Audited) -> str:
     return f"exit {item.code}  {item.path}: {summary_counts(item.report)}"
 
 
-def render_many(items: list[Audited], fmt: str) -> str:
+def render_many(items: list[Audited], fmt: str, show_info: bool = False) -> str:
     """Every format goes through `defuse`, as one report's does (render/defuse.py)."""
     from qaudit.render.defuse import defuse
 
-    return defuse(_render_many(items, fmt), commands=fmt != "github")
+    return defuse(_render_many(items, fmt, show_info), commands=fmt != "github")
 
 
-def _render_many(items: list[Audited], fmt: str) -> str:
+def _render_many(items: list[Audited], fmt: str, show_info: bool) -> str:
     worst = worst_code(items)
     if fmt == "table":
         lines = [_line(item) for item in items]
@@ -64,7 +64,7 @@ def _render_many(items: list[Audited], fmt: str) -> str:
             if item.report is not None:
                 from qaudit.render.github import render_annotations
 
-                out.append(render_annotations(item.report))
+                out.append(render_annotations(item.report, show_info))
             out.append(f"qaudit: {_line(item)}\n")
         return "".join(out)
     raise ValueError(f"format {fmt!r} takes one config")
