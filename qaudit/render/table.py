@@ -266,7 +266,8 @@ def verdict_lines(groups: list[FindingGroup], summary: str, width: int, show_inf
         if what or len(lead + names[0]) <= width:
             entry = _entry_lines(lead + what, names, width)
         else:
-            entry = [_truncate(lead + names[0], width)]
+            # Wrapped, never cut: the reason is what the reader acts on.
+            entry = _wrap(lead.lstrip() + names[0], width, "  ", " " * 8)
         entry[0] = entry[0].replace(lead, f"  {f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1)
         lines.extend(entry)
         if f.fix:
