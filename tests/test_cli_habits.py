@@ -4,6 +4,7 @@ shown as switches, a one-screen `check -h`, several configs in one run, trailing
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 from importlib import resources
@@ -174,3 +175,11 @@ def test_several_configs_write_and_read_one_baseline(three, tmp_path):
     assert len(entries) == 2 and any(e["findings"] for e in entries)
     again = invoke("check", *files, *FAST, "--baseline", str(baseline))
     assert again.exit_code == 0 and "suppressed" in again.stdout
+
+
+def test_several_files_name_each_files_rules_and_first_module(three):
+    result = invoke("check", str(three / "a-pass.yaml"), str(three / "b-fail.yaml"), *FAST)
+    failing = next(line for line in result.stdout.splitlines() if "b-fail.yaml" in line)
+    assert re.search(r" -- QA\d{3} on \S+", failing), failing
+    passing = next(line for line in result.stdout.splitlines() if "a-pass.yaml" in line)
+    assert " -- " not in passing

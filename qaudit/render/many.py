@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from qaudit.judge.report import Report
+from qaudit.judge.report import SEVERITIES, Report
 from qaudit.render.common import repo_relative, summary_counts
 
 MANY_SCHEMA = "qaudit/files-1"
@@ -28,10 +28,29 @@ def worst_code(items: list[Audited]) -> int:
     return max((item.code for item in items), default=0)
 
 
+def _rules_text(report: Report) -> str:
+    """Each rule with errors or warnings, most severe first: how many findings and the first
+    module (or setting) it names, so the line says what to look at."""
+    firsts: dict[str, tuple[int, str, int]] = {}
+    for finding in report.findings:
+        if finding.severity == "info":
+            continue
+        rank = SEVERITIES.index(finding.severity)
+        where = finding.module or finding.message.split(":", 1)[0]
+        rank_, first, count = firsts.get(finding.rule, (rank, where, 0))
+        firsts[finding.rule] = (min(rank, rank_), first, count + 1)
+    parts = [f"{rule} on {first}" + (f" (+{count - 1} more)" if count > 1 else "")
+             for rule, (_, first, count) in sorted(firsts.items(),
+                                                    key=lambda item: (item[1][0], item[0]))]
+    return "; ".join(parts)
+
+
 def _line(item: Audited) -> str:
     if item.report is None:
         return f"exit {item.code}  {item.path}: {item.error}"
-    return f"exit {item.code}  {item.path}: {summary_counts(item.report)}"
+    rules = _rules_text(item.report)
+    return (f"exit {item.code}  {item.path}: {summary_counts(item.report)}"
+            + (f" -- {rules}" if rules else ""))
 
 
 def render_many(items: list[Audited], fmt: str, show_info: bool = False) -> str:

@@ -96,11 +96,13 @@ def _styled(cell: str, style: str, paint) -> str:
 
 
 def split_name(name: str, width: int, indent: str = "    ") -> list[str]:
-    """A module name too long for `width`, broken after dots; continuation lines indented."""
+    """A module name too long for `width`, broken only after the commas of its index lists
+    (`[0,2,4,...]`), never inside the name itself, so that it can be searched and copied; a
+    piece still too long stays whole. Continuation lines indented."""
     if len(name) <= width:
         return [name]
     lines, current = [], ""
-    for part in re.findall(r"[^.,]+[.,]?", name):  # after dots, and commas of index lists
+    for part in re.findall(r"[^,]+,?", name):  # commas appear only in index lists
         limit = width - (len(indent) if lines else 0)
         if current and len(current) + len(part) > limit:
             lines.append(current)
@@ -157,8 +159,13 @@ def _module_lines(groups: list[RowGroup], width: int, paint) -> list[str]:
              INDENT + _join(_pad(head_behaviour, b_widths)),
              "-" * rule_width]
     for r, group in enumerate(groups):
-        *head, last = split_name(group.name, name_width)
-        lines.extend(head)
+        pieces = split_name(group.name, name_width)
+        if len(pieces[-1]) > name_width:  # whole on its own line; the columns on the next
+            lines.extend(pieces)
+            last = ""
+        else:
+            *head, last = pieces
+            lines.extend(head)
         first = _pad([last, type_col[r], count_col[r]], [name_width, t_width, n_width], {2})
         first_line = _join(first)
         if errors[r] is not None:
