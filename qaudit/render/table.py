@@ -196,10 +196,16 @@ def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
         names = compress_names(group.modules)
         pad = " " * 15
         for i, name in enumerate(names):
-            # A name too long for the line breaks after a dot (MTP names reach 70 characters).
             parts = split_name(name, width - len(pad), "    ")
-            lines.append(("      modules: " if i == 0 else pad) + parts[0])
-            lines.extend(pad + part for part in parts[1:])
+            if len(parts[0]) <= width - len(pad):
+                lines.append(("      modules: " if i == 0 else pad) + parts[0])
+                lines.extend(pad + part for part in parts[1:])
+                continue
+            # Never broken inside the name (MTP names reach 70 characters): on its own
+            # line, less indented.
+            if i == 0:
+                lines.append("      modules:")
+            lines.extend(" " * 8 + part for part in parts)
     where = location(f.file, f.line)
     if where:
         lines.append(f"      at {where}")
