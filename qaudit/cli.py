@@ -205,7 +205,7 @@ def check(
 
         raise typer.Exit(check_many(files, recipe, options, set_values, output_format.value,
                                     fail_on.value, output, baseline, write_baseline,
-                                    suggest_fixes))
+                                    suggest_fixes, show_info))
     # Under torchrun every rank reaches the same outcome and only rank 0 speaks.
     speaks = world is None or world.is_leader
     code = _check(files[0], recipe, options, set_values, output_format, fail_on, output, expand,

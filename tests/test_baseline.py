@@ -51,9 +51,12 @@ def test_baseline_round_trip_reports_only_new_findings(tmp_path):
     path = tmp_path / "baseline.json"
     path.write_text(baseline_text(report))
     data = json.loads(path.read_text())
-    assert data["schema"] == "qaudit-baseline/1" and len(data["findings"]) == 5
-    assert all("line" not in entry for entry in data["findings"])
-    accepted = load_baseline(str(path))
+    assert data["schema"] == "qaudit-baseline/2" and len(data["configs"]) == 1
+    entry = data["configs"][0]
+    assert entry["config"] == f"configs/{FAILING}.yaml" and entry["model"].startswith("sha256:")
+    assert len(entry["findings"]) == 5
+    assert all("line" not in finding for finding in entry["findings"])
+    accepted = load_baseline(str(path)).accepted(report)
     filtered = apply_baseline(report, accepted)
     assert filtered.findings == [] and len(filtered.suppressed) == 5
     assert filtered.exit_code() == 0
@@ -66,7 +69,51 @@ def test_baseline_round_trip_reports_only_new_findings(tmp_path):
     assert filtered.findings == [extra] and filtered.exit_code() == 1
     # rewriting the baseline from a filtered report keeps the accepted ones
     again = json.loads(baseline_text(filtered))
-    assert len(again["findings"]) == 6
+    assert len(again["configs"][0]["findings"]) == 6
+
+
+def test_a_baseline_accepts_only_its_own_configs_findings(tmp_path):
+    """A gpt-mtp-bf16 baseline used to hide 2 DeepSeek-V3 findings (issue 39)."""
+    mtp, deepseek = golden("gpt-mtp-bf16"), golden("deepseek-v3-mtp-fp8")
+    shared = {fingerprint(f) for f in mtp.findings} & {fingerprint(f) for f in deepseek.findings}
+    assert shared  # the same rule on the same module names: fingerprints alone would match
+    path = tmp_path / "b.json"
+    path.write_text(baseline_text(mtp))
+    baseline = load_baseline(str(path))
+    assert apply_baseline(deepseek, baseline.accepted(deepseek)).findings == deepseek.findings
+    assert apply_baseline(mtp, baseline.accepted(mtp)).findings == []
+    # Another model at the same path is another config.
+    moved = replace(deepseek, config=mtp.config)
+    assert not baseline.accepted(moved)
+    # The same model with more layers (or another precision) keeps its baseline.
+    grown = replace(mtp, modules=mtp.modules + [replace(mtp.modules[0], name=mtp.modules[0].name
+                                                        .replace(".0.", ".7.", 1))])
+    assert baseline.accepted(grown) == baseline.accepted(mtp)
+
+
+def test_one_baseline_file_holds_every_config_and_a_rewrite_keeps_the_others(tmp_path):
+    mtp, deepseek = golden("gpt-mtp-bf16"), golden("deepseek-v3-mtp-fp8")
+    path = tmp_path / "b.json"
+    path.write_text(baseline_text([mtp, deepseek]))
+    baseline = load_baseline(str(path))
+    assert [e["config"] for e in baseline.configs] == sorted([mtp.config, deepseek.config])
+    # A run over one of them rewrites its entry and keeps the other's.
+    fixed = replace(mtp, findings=[])
+    rewritten = json.loads(baseline_text(fixed, kept=baseline))
+    entries = {e["config"]: e for e in rewritten["configs"]}
+    assert entries[mtp.config]["findings"] == []
+    assert len(entries[deepseek.config]["findings"]) == len(deepseek.findings)
+
+
+def test_an_old_single_config_baseline_applies_to_its_config_only(tmp_path):
+    mtp, deepseek = golden("gpt-mtp-bf16"), golden("deepseek-v3-mtp-fp8")
+    entry = json.loads(baseline_text(mtp))["configs"][0]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"schema": "qaudit-baseline/1", "config": mtp.config,
+                                "recipe": None, "findings": entry["findings"]}))
+    baseline = load_baseline(str(path))
+    assert sum(baseline.accepted(mtp).values()) == len(mtp.findings)
+    assert not baseline.accepted(deepseek)
 
 
 @pytest.mark.parametrize("text,message", [
@@ -116,7 +163,7 @@ def test_cli_baseline_with_shifted_lines(tmp_path, monkeypatch, capsys):
     baseline = tmp_path / "qaudit-baseline.json"
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",
                                   "--write-baseline", str(baseline), "--format", "json")
-    assert code == 1 and len(json.loads(baseline.read_text())["findings"]) == 5
+    assert code == 1 and len(json.loads(baseline.read_text())["configs"][0]["findings"]) == 5
 
     config.write_text("# a comment that moves every line\n\n" + config.read_text())
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",

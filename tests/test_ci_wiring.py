@@ -143,3 +143,85 @@ def test_pre_commit_try_repo_audits_the_configs(tmp_path):
     assert "Failed" in failing.stdout
     assert "exit 1  configs/mtp.yaml: 5 error(s)" in failing.stdout
     assert "exit 0  configs/small.yaml" in failing.stdout
+
+
+# --- baselines in the hook and the Action's directory form (issue 39) -------------------------
+
+def _project_with_two_failing_configs(tmp_path: Path) -> Path:
+    """A git project whose configs/ holds two failing models with the same rule on the same
+    module names (a baseline of one must not hide the other's)."""
+    project = tmp_path / "project"
+    (project / "configs").mkdir(parents=True)
+    shutil.copy(REPO / "configs" / "gpt-mtp-bf16.yaml", project / "configs" / "mtp.yaml")
+    _git(project, "init", "-q")
+    return project
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "PRE_COMMIT_HOME": str(tmp_path / "cache"), "GIT_AUTHOR_NAME": "t",
+           "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.com"}
+    for name in ("GITHUB_ACTIONS", "GITHUB_STEP_SUMMARY"):
+        env.pop(name, None)
+    return env
+
+
+def test_pre_commit_hook_with_a_baseline_over_the_directory(tmp_path):
+    """The manifest's hook, with `--baseline` added to its args as docs/pre-commit.md shows:
+    known findings pass, a new config's findings fail."""
+    command = _pre_commit()
+    project = _project_with_two_failing_configs(tmp_path)
+    env = _env(tmp_path)
+    hook = {h["id"]: h for h in yaml.safe_load(HOOKS.read_text())}["qaudit-system"]
+    subprocess.run(["qaudit", "check", "configs/", "--write-baseline", "qaudit-baseline.json"],
+                   cwd=project, env=env, capture_output=True, timeout=600)
+    local = {**hook, "args": [*hook["args"], "--baseline", "qaudit-baseline.json"]}
+    (project / ".pre-commit-config.yaml").write_text(yaml.safe_dump(
+        {"repos": [{"repo": "local", "hooks": [local]}]}))
+    _git(project, "add", ".")
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run([*command, "run", "--all-files", "--verbose"], cwd=project,
+                              capture_output=True, text=True, timeout=600, env=env)
+
+    passing = run()
+    assert passing.returncode == 0, passing.stdout + passing.stderr
+    assert "exit 0  configs/mtp.yaml" in passing.stdout
+    shutil.copy(REPO / "configs" / "deepseek-v3-mtp-fp8.yaml", project / "configs" / "ds.yaml")
+    _git(project, "add", ".")
+    failing = run()
+    assert failing.returncode == 1, failing.stdout + failing.stderr
+    assert "exit 1  configs/ds.yaml" in failing.stdout  # not hidden by mtp.yaml's entries
+    assert "exit 0  configs/mtp.yaml" in failing.stdout
+
+
+def test_the_actions_audit_step_on_a_directory_with_a_baseline(tmp_path):
+    """action.yml's own Audit script, run by bash as the runner runs it, on a directory."""
+    step = next(s for s in action()["runs"]["steps"] if s.get("id") == "check")
+    project = _project_with_two_failing_configs(tmp_path)
+    shutil.copy(REPO / "configs" / "deepseek-v3-mtp-fp8.yaml", project / "configs" / "ds.yaml")
+    env = _env(tmp_path)
+    subprocess.run(["qaudit", "check", "configs/mtp.yaml", "--write-baseline", "b.json"],
+                   cwd=project, env=env, capture_output=True, timeout=600)
+    outputs = tmp_path / "github_output"
+    env.update(RUNNER_TEMP=str(tmp_path), GITHUB_OUTPUT=str(outputs), QAUDIT_CONFIGS="configs/",
+               QAUDIT_FAIL_ON="error", QAUDIT_ARGS="--baseline b.json")
+    done = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "exit-code=1" in outputs.read_text()  # ds.yaml's findings are new
+    assert "exit 1  configs/ds.yaml" in done.stdout and "exit 0  configs/mtp.yaml" in done.stdout
+    # Writing from the directory run: one file with both configs' entries; then it passes.
+    env["QAUDIT_ARGS"] = "--write-baseline b2.json"
+    subprocess.run(["bash", "-e", "-c", step["run"]], cwd=project, env=env, capture_output=True,
+                   timeout=600)
+    import json
+
+    written = json.loads((project / "b2.json").read_text())
+    assert [e["config"] for e in written["configs"]] == ["configs/ds.yaml", "configs/mtp.yaml"]
+    outputs.write_text("")
+    env["QAUDIT_ARGS"] = "--baseline b2.json"
+    subprocess.run(["bash", "-e", "-c", step["run"]], cwd=project, env=env, capture_output=True,
+                   timeout=600)
+    assert "exit-code=0" in outputs.read_text()

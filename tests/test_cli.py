@@ -102,6 +102,48 @@ def test_the_distribution_name_is_ours_everywhere():
              *sorted((REPO / "qaudit").rglob("*.py")), *sorted((REPO / "scripts").iterdir()),
              *[p for p in (REPO / "action.yml", REPO / ".pre-commit-hooks.yaml") if p.exists()]]
     wrong = re.compile(r"pip install (-U |--upgrade )?[\"']?qaudit\b(?!-)")
+    # Nor is megatron-qaudit published: one install story, from a clone (issue 39).
+    unpublished = re.compile(r"pip install (-U |--upgrade )?[\"']?megatron-qaudit\b")
     for path in texts:
         if path.is_file():
-            assert not wrong.search(path.read_text(errors="replace")), path
+            text = path.read_text(errors="replace")
+            assert not wrong.search(text), path
+            assert not unpublished.search(text), path
+
+
+def test_setup_prints_no_deprecation_warning_from_our_packaging(tmp_path):
+    """`project.license` is an SPDX string: setuptools warned three times on the table form."""
+    import shutil
+    import subprocess
+    import sys
+
+    source = tmp_path / "src"  # a copy: the build writes build/ and *.egg-info beside it
+    shutil.copytree(REPO / "qaudit", source / "qaudit",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                           "--no-build-isolation", "-q", str(source), "-w", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "deprecat" not in (done.stdout + done.stderr).lower()
+
+
+@pytest.mark.slow  # 22 audits
+def test_readme_says_which_examples_megatron_main_changes(monkeypatch, capsys):
+    """The README's sentence, checked against the audit (issue 39: it named one of two)."""
+    text = " ".join((REPO / "README.md").read_text().split())
+    said = re.search(r"`--megatron main` changes the two BF16 repeated-MTP configs, "
+                     r"`([^`]+)` and `([^`]+)`, to 0", text)
+    assert said
+    changed = []
+    for config in sorted((REPO / "configs").glob("*.yaml")):
+        codes = []
+        for extra in ((), ("--megatron", "main")):
+            code, _, _ = run_in_process(monkeypatch, capsys, "check", str(config), "--steps",
+                                        "1", "--microbatches", "2", "--format", "json", *extra)
+            codes.append(code)
+        if codes[0] != codes[1]:
+            assert codes[1] == 0
+            changed.append(config.name)
+    assert changed == sorted(said.groups())

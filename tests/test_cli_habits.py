@@ -4,6 +4,7 @@ shown as switches, a one-screen `check -h`, several configs in one run, trailing
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 from importlib import resources
@@ -159,6 +160,26 @@ def test_one_config_formats_refused_with_several(three, tmp_path):
     result = invoke("check", str(three / "a-pass.yaml"), str(three / "b-fail.yaml"), *FAST,
                     "-o", f"svg={tmp_path / 'x.svg'}")
     assert result.exit_code == 2 and "--output svg is of one config" in result.stderr
+    # A baseline is of several configs (one entry each): read, and refused only when bad.
     result = invoke("check", str(three / "a-pass.yaml"), str(three / "b-fail.yaml"), *FAST,
                     "--baseline", str(tmp_path / "b.json"))
-    assert result.exit_code == 2 and "take one config" in result.stderr
+    assert result.exit_code == 2 and "baseline file not found" in result.stderr
+
+
+def test_several_configs_write_and_read_one_baseline(three, tmp_path):
+    baseline = tmp_path / "b.json"
+    files = [str(three / "a-pass.yaml"), str(three / "b-fail.yaml")]
+    written = invoke("check", *files, *FAST, "--write-baseline", str(baseline))
+    assert written.exit_code == 1
+    entries = json.loads(baseline.read_text())["configs"]
+    assert len(entries) == 2 and any(e["findings"] for e in entries)
+    again = invoke("check", *files, *FAST, "--baseline", str(baseline))
+    assert again.exit_code == 0 and "suppressed" in again.stdout
+
+
+def test_several_files_name_each_files_rules_and_first_module(three):
+    result = invoke("check", str(three / "a-pass.yaml"), str(three / "b-fail.yaml"), *FAST)
+    failing = next(line for line in result.stdout.splitlines() if "b-fail.yaml" in line)
+    assert re.search(r" -- QA\d{3} on \S+", failing), failing
+    passing = next(line for line in result.stdout.splitlines() if "a-pass.yaml" in line)
+    assert " -- " not in passing

@@ -87,3 +87,56 @@ def test_diff_bad_input_exits_2(monkeypatch, capsys, tmp_path):
     code, out, err = run_in_process(monkeypatch, capsys, "diff", "configs/nope.yaml",
                                     "configs/gpt-small-bf16.yaml")
     assert (code, out) == (2, "") and "configs/nope.yaml" in err
+
+
+def test_a_scope_change_of_an_existing_finding_is_reported_and_fails():
+    """QA001 from "first step only" to "every step" was "0 new errors", exit 0 (issue 39)."""
+    base, head = golden("gpt-mtp-bf16"), golden("gpt-mtp-fp8-mtp-bf16")
+    result = diff_reports(base, head)
+    assert result.new == [] or all(f.rule != "QA001" for f in result.new)
+    qa001 = [c for c in result.changed if c.head.rule == "QA001"]
+    assert len(qa001) == 5 and result.exit_code() == 1
+    assert qa001[0].changes == {"scope": ("on microbatch 0 of the first step only",
+                                          "on microbatch 0 of every step")}
+    text = render_diff(result, 1, "table")
+    assert "changed findings (5):" in text and "first step only -> on microbatch 0 of" in text
+    assert "changed: 5;" in text.splitlines()[-1]
+    assert "5 changed" in render_diff(result, 1, "markdown").splitlines()[0]
+    data = json.loads(render_diff(result, 1, "json"))
+    assert data["findings"]["changed"][0]["changes"]["scope"]["head"] \
+        == "on microbatch 0 of every step"
+
+
+def test_a_severity_change_is_reported_and_fails_at_its_level():
+    from dataclasses import replace
+
+    base = golden("gpt-mtp-bf16")
+    warned = replace(base, findings=[replace(f, severity="warning") for f in base.findings
+                                     if f.rule == "QA001"])
+    erred = replace(base, findings=[f for f in base.findings if f.rule == "QA001"])
+    result = diff_reports(warned, erred)
+    assert result.new == [] and result.fixed == []
+    assert [c.changes for c in result.changed] == [{"severity": ("warning", "error")}] * 5
+    assert result.exit_code("error") == 1
+    calmer = diff_reports(erred, warned)
+    assert calmer.exit_code("error") == 0 and calmer.exit_code("warning") == 1
+
+
+def test_diff_collapses_module_rows_as_check_does():
+    """Layers of one kind that change alike are one row (the table's `decoder.layers.[...]`),
+    even when other layers sit between them (a hybrid pattern)."""
+    base, head = golden("gpt-mtp-bf16"), golden("gpt-mtp-fp8-mtp-bf16")
+    text = render_diff(diff_reports(base, head), 1, "table")
+    assert "decoder.layers.[0-3].mlp.linear_fc1  (x4)" in text
+    hybrid = golden("bridge-lightning-mtp-bf16")
+    fp8 = replace_precision(hybrid, "fp8/mxfp8")
+    rows = [line for line in render_diff(diff_reports(hybrid, fp8), 0, "table").splitlines()
+            if line.startswith("decoder.")]
+    assert len(rows) == len({re.sub(r"\[[^\]]*\]", "#", r) for r in rows})  # one per kind
+    assert any("[0,2,5,7]" in row for row in rows)
+
+
+def replace_precision(report, precision):
+    from dataclasses import replace
+
+    return replace(report, modules=[replace(row, precision=precision) for row in report.modules])

@@ -242,7 +242,33 @@ def test_github_format_lines():
                 fix="")])
     out = render(report, 0, "github").splitlines()
     assert out[0] == "::warning file=r.yaml,line=2,title=QA010::50%25, a: b%0Ac%0Afix: fix it"
-    assert out[1] == "::notice title=QA004::m: n"
+    assert out[1].startswith("::notice file=c.yaml,title=qaudit info::1 info note(s) (QA004 x1)")
+    assert render(report, 0, "github", show_info=True).splitlines()[1] \
+        == "::notice title=QA004::m: n"
+
+
+def test_github_info_notes_are_one_notice_unless_show_info():
+    """384 harmless notes on a clean GPT-3 175B script were 384 annotations (issue 39)."""
+    notes = [Finding(rule="QA003" if i % 3 else "QA091", severity="info", module=f"m{i}",
+                     message=f"m{i}: n", file="c.yaml", line=None, fix="") for i in range(384)]
+    report = Report(runtime="r", policy="config", config="c.yaml", recipe=None, steps=1,
+                    microbatches=1, findings=[
+        Finding(rule="QA001", severity="error", module="a", message="a: lost", file="c.yaml",
+                line=3, fix=""),
+        Finding(rule="QA090", severity="warning", module=None, message="x: unseen",
+                file="c.yaml", line=4, fix="")] + notes)
+    lines = render(report, 1, "github").splitlines()
+    notices = [line for line in lines if line.startswith("::notice")]
+    assert [line.split(" ", 1)[0] for line in lines[:2]] == ["::error", "::warning"]
+    assert len(notices) == 1
+    assert "384 info note(s) (QA091 x128, QA003 x256)" in notices[0]
+    assert "--show-info" in notices[0]
+    shown = render(report, 1, "github", show_info=True).splitlines()
+    assert sum(line.startswith("::notice") for line in shown) == 384
+    assert not any("qaudit info" in line for line in shown)
+    clean = Report(runtime="r", policy="config", config="c.yaml", recipe=None, steps=1,
+                   microbatches=1, findings=[])
+    assert render(clean, 0, "github") == "qaudit: 0 error(s), 0 warning(s)   exit 0\n"
 
 
 class FakeTTY(io.StringIO):

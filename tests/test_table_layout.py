@@ -186,3 +186,31 @@ def test_table_opens_with_the_verdict_and_info_is_on_request(repo_configs):
     loud = CliRunner().invoke(app, ["check", str(repo_configs / "gpt-small-bf16.yaml"),
                                     "--steps", "1", "--microbatches", "2", "-v"]).stdout
     assert loud.count("QA003 info") == 2  # in the verdict and in full after the table
+
+
+def test_a_long_module_name_is_never_broken_inside_the_name():
+    """Issue 39: `...shared_experts.` / `linear_fc1` on two lines could not be searched."""
+    from qaudit.render.table import split_name
+
+    name = "mtp.layers.0.mtp_model_layer.layers.1.mlp.shared_experts.linear_fc1"
+    assert split_name(name, 40) == [name]
+    collapsed = "decoder.layers.[0,2,4,7,9,11,14,16,18,21,23,25].mixer.in_proj"
+    pieces = split_name(collapsed, 40)
+    assert len(pieces) > 1 and all(p.rstrip().endswith(",") for p in pieces[:-1])
+    assert pieces[-1].strip().endswith("].mixer.in_proj")
+
+
+def test_the_table_keeps_every_module_name_on_one_line():
+    import json
+    from pathlib import Path
+
+    from qaudit.render import render
+    from qaudit.render.load import report_from_dict
+
+    golden = Path(__file__).resolve().parent / "golden" / "bridge-lightning-mtp-bf16.json"
+    report = report_from_dict(json.loads(golden.read_text()))
+    text = render(report, 1, "table", width=80, expand=True)  # every module by its own name
+    for row in report.modules:
+        if "," not in row.name:
+            assert any(line.split()[0] == row.name for line in text.splitlines() if line.strip()
+                       ), row.name

@@ -38,7 +38,8 @@ def emit_diff(diff: ReportDiff, exit_code: int, fmt: str, outputs: list[tuple[st
                         [(path, render_diff(diff, exit_code, f, expand=expand))
                          for f, path in outputs])
     if os.environ.get("GITHUB_ACTIONS") == "true":
-        emission.stderr = "".join(annotation(f) + "\n" for f in diff.new)
+        emission.stderr = "".join(annotation(f) + "\n"
+                                  for f in diff.new + [c.head for c in diff.changed])
         if os.environ.get("GITHUB_STEP_SUMMARY"):
             emission.step_summary = (os.environ["GITHUB_STEP_SUMMARY"],
                                      render_diff(diff, exit_code, "markdown", expand=expand))

@@ -27,7 +27,7 @@ def _refuse(message: str) -> int:
 def check_many(files: list[str], recipe: str | None, options: AuditOptions,
                set_values: list[str] | None, output_format: str, fail_on: str,
                output: list[str] | None, baseline: str | None, write_baseline: str | None,
-               suggest: bool) -> int:
+               suggest: bool, show_info: bool = False) -> int:
     """Audit each of `files`, print, and return the worst exit code."""
     import os
     import sys
@@ -38,19 +38,21 @@ def check_many(files: list[str], recipe: str | None, options: AuditOptions,
     from qaudit.render import Emission, deliver, parse_outputs
     from qaudit.render.many import ONE_FILE_FORMATS, Audited, render_many, worst_code
 
-    if baseline or write_baseline:
-        return _refuse("--baseline and --write-baseline take one config")
+    from qaudit.judge.baseline import prepare_baseline
+
     try:
         outputs = parse_outputs(output)
+        baselines = prepare_baseline(baseline, write_baseline)
         options = replace(options, variables=parse_assignments(set_values))
         for fmt, _ in outputs:
             if fmt in ONE_FILE_FORMATS:
                 raise InputError(f"--output {fmt} is of one config; give one config")
         from qaudit.commands.written import written_files
 
-        written = written_files(outputs)
-        check_clashes(written, [("config", path) for path in files]
-                      + ([("recipe", recipe)] if recipe else []))
+        written = written_files(outputs, write_baseline)
+        inputs = [("config", path) for path in files] + ([("recipe", recipe)] if recipe else []) \
+            + ([("baseline", baseline)] if baseline else [])
+        check_clashes(written, inputs)
     except InputError as exc:
         return _refuse(str(exc))
     items: list[Audited] = []
@@ -68,24 +70,29 @@ def check_many(files: list[str], recipe: str | None, options: AuditOptions,
             _say(f"error: {exc}")
             items.append(Audited(path, EXIT_INTERNAL, error=str(exc)))
             continue
+        report = baselines.apply(report)  # each config by its own entries only
         items.append(Audited(path, report.exit_code(fail_on), report))
-    emission = Emission(render_many(items, output_format),
-                        [(out_path, render_many(items, fmt)) for fmt, out_path in outputs])
+    emission = Emission(render_many(items, output_format, show_info),
+                        [(out_path, render_many(items, fmt, show_info))
+                         for fmt, out_path in outputs])
     if os.environ.get("GITHUB_ACTIONS") == "true":
         from qaudit.render.github import render_annotations
 
         if output_format != "github":
             from qaudit.render.defuse import defuse
 
-            emission.stderr = defuse("".join(render_annotations(item.report) for item in items
+            emission.stderr = defuse("".join(render_annotations(item.report, show_info)
+                                             for item in items
                                              if item.report is not None), commands=False)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:
             emission.step_summary = (summary, render_many(items, "markdown"))
     try:
-        check_clashes(written, [("config", path) for path in files]
-                      + [("recipe", item.report.recipe) for item in items
-                         if item.report is not None and item.report.recipe])
+        check_clashes(written, inputs + [("recipe", item.report.recipe) for item in items
+                                         if item.report is not None and item.report.recipe])
+        # One baseline file for every config audited (and those it already held).
+        emission.files.extend(baselines.files(*[item.report for item in items
+                                                if item.report is not None]))
         deliver(emission)
     except InputError as exc:
         return _refuse(str(exc))

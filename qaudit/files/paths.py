@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from pathlib import Path
 
 KINDS = {stat.S_IFDIR: "is a directory", stat.S_IFIFO: "is a FIFO (named pipe)",
          stat.S_IFCHR: "is a character device", stat.S_IFBLK: "is a block device",
@@ -50,3 +51,24 @@ def unreadable(path: str) -> str | None:
         return stat_problem(exc, path)
     kind = kind_of(mode)
     return f"{kind}, not a regular file" if kind else None
+
+
+def _git_root(start: Path) -> Path | None:
+    for folder in (start, *start.parents):
+        if (folder / ".git").exists():
+            return folder
+    return None
+
+
+def repo_relative(path: str, cwd: str | os.PathLike | None = None) -> str:
+    """A path as CI and code review tools want it: relative to the git root containing the
+    current directory (else to the current directory), with `/` separators; never absolute.
+    A file outside that root is given relative to it with `..` parts."""
+    here = Path(cwd) if cwd is not None else Path.cwd()
+    absolute = Path(os.path.abspath(here / path))
+    root = _git_root(Path(os.path.abspath(here))) or Path(os.path.abspath(here))
+    try:
+        relative = os.path.relpath(absolute, root)
+    except ValueError:  # another drive (Windows): the name is all that is not absolute
+        relative = absolute.name
+    return Path(relative).as_posix()

@@ -10,7 +10,15 @@ editing the YAML above a known problem does not make it "new":
 
 `--write-baseline FILE` records today's findings; `--baseline FILE` moves the findings it
 lists to `report.suppressed` (each as often as it was recorded), so the exit code and the
-summary count only the new ones. A `# qaudit: ignore[QA010]` (or `# qaudit: ignore` for every
+summary count only the new ones.
+
+Keyed by config: the file holds one entry per config (its repository-relative path and its
+model: the set of module names with layer indices masked, so that a changed layer count or
+precision keeps the baseline and another model at the same path does not), and a finding is
+accepted only by its own config's entry. A run over several configs (or a directory) reads
+and writes one file holding every config's entries; writing keeps the entries of configs the
+run did not audit (a pre-commit run may audit fewer files). Files of schema
+`qaudit-baseline/1` (one config, no model) are still read, for their config only. A `# qaudit: ignore[QA010]` (or `# qaudit: ignore` for every
 rule) comment on the line a finding points at, or alone on the line above it, suppresses that
 finding too.
 """
@@ -25,11 +33,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from qaudit.errors import InputError
 from qaudit.load.jsonfile import read_qaudit_json
 from qaudit.files.outputs import check_output_path
+from qaudit.files.paths import repo_relative, unreadable
 from qaudit.judge.report import Finding, Report
 
-BASELINE_SCHEMA = "qaudit-baseline/1"
+BASELINE_SCHEMA = "qaudit-baseline/2"
+V1_SCHEMA = "qaudit-baseline/1"
+_LAYER_INDEX = re.compile(r"\.\d+(?=\.|$)")
 _QUOTED = re.compile(r"'([^']+)'")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 _IGNORE = re.compile(r"#\s*qaudit:\s*ignore(?:\[(?P<rules>[A-Za-z0-9_,\s]+)\])?")
@@ -64,12 +76,55 @@ def baseline_entries(findings: list[Finding]) -> list[dict[str, Any]]:
     return sorted(entries, key=lambda e: (e["rule"], e["module"] or "", e["key"], e["fingerprint"]))
 
 
-def baseline_text(report: Report) -> str:
-    """Today's findings (reported and baselined, not those ignored by comments), stable bytes."""
-    known = list(report.findings) + [f for f in (report.suppressed or [])
-                                      if getattr(f, "suppression", "baseline") == "baseline"]
-    data = {"schema": BASELINE_SCHEMA, "config": report.config, "recipe": report.recipe,
-            "findings": baseline_entries([_plain(f) for f in known])}
+def config_key(report: Report) -> str:
+    """The config's identity across machines: its path relative to the repository."""
+    return repo_relative(report.config)
+
+
+def model_key(report: Report) -> str:
+    """The model's identity: its module names with layer indices masked (`decoder.layers.#.
+    mlp.linear_fc1`), so the same model with more layers or another precision keeps it."""
+    shapes = sorted({_LAYER_INDEX.sub(".#", row.name) for row in report.modules})
+    digest = hashlib.sha256("\n".join(shapes).encode("utf-8", "surrogatepass")).hexdigest()
+    return "sha256:" + digest[:32]
+
+
+def _known(report: Report) -> list[Finding]:
+    """Today's findings: reported and baselined, not those ignored by comments."""
+    return list(report.findings) + [f for f in (report.suppressed or [])
+                                    if getattr(f, "suppression", "baseline") == "baseline"]
+
+
+@dataclass
+class Baseline:
+    """Accepted findings per config: entries of {config, model, recipe, findings}; a model of
+    None (a qaudit-baseline/1 file) matches the config's path alone."""
+
+    configs: list[dict[str, Any]]
+
+    def accepted(self, report: Report) -> Counter:
+        path, model = config_key(report), model_key(report)
+        accepted: Counter = Counter()
+        for entry in self.configs:
+            if entry["config"] == path and entry.get("model") in (model, None):
+                accepted.update(f["fingerprint"] for f in entry["findings"])
+        return accepted
+
+
+def baseline_text(reports: Report | list[Report], kept: Baseline | None = None) -> str:
+    """One entry per report's config, plus `kept`'s entries for configs not among them;
+    stable bytes (sorted, no timestamps)."""
+    reports = [reports] if isinstance(reports, Report) else reports
+    entries = {}
+    for report in reports:
+        entries[config_key(report)] = {
+            "config": config_key(report), "model": model_key(report), "recipe": report.recipe,
+            "findings": baseline_entries([_plain(f) for f in _known(report)])}
+    for entry in (kept.configs if kept else []):
+        if entry["config"] is not None and entry["config"] not in entries \
+                and entry.get("model") is not None:
+            entries[entry["config"]] = entry
+    data = {"schema": BASELINE_SCHEMA, "configs": [entries[key] for key in sorted(entries)]}
     return json.dumps(data, indent=2) + "\n"
 
 
@@ -80,12 +135,31 @@ def _plain(finding: Finding) -> Finding:
     return finding
 
 
-def load_baseline(path: str) -> Counter:
-    """Fingerprint -> how many findings with it the baseline accepts. Bad file: InputError."""
-    data = read_qaudit_json(path, kind="baseline", schema=BASELINE_SCHEMA,
-                            schema_file="baseline-v1.schema.json", max_bytes=_MAX_BASELINE_BYTES,
+def _read(path: str, schema: str, schema_file: str) -> dict:
+    return read_qaudit_json(path, kind="baseline", schema=schema, schema_file=schema_file,
+                            max_bytes=_MAX_BASELINE_BYTES,
                             not_found="baseline file not found (write one with --write-baseline)")
-    return Counter(entry["fingerprint"] for entry in data["findings"])  # shapes checked above
+
+
+def load_baseline(path: str) -> Baseline:
+    """Every config's accepted fingerprints. Bad file: InputError (about the current schema
+    unless the file names the old one)."""
+    schema = BASELINE_SCHEMA
+    try:
+        data = _read(path, BASELINE_SCHEMA, "baseline-v2.schema.json")
+    except InputError as exc:
+        if exc.key != "schema" or "not a qaudit baseline" not in exc.message:
+            raise
+        try:
+            data, schema = _read(path, V1_SCHEMA, "baseline-v1.schema.json"), V1_SCHEMA
+        except InputError as old:
+            raise (exc if old.key == "schema" and "not a qaudit baseline" in old.message
+                   else old) from None
+    if schema == V1_SCHEMA:  # shapes checked above
+        config = data.get("config")
+        return Baseline([{"config": repo_relative(config) if config else None, "model": None,
+                          "recipe": data.get("recipe"), "findings": data["findings"]}])
+    return Baseline(list(data["configs"]))
 
 
 def apply_baseline(report: Report, accepted: Counter) -> Report:
@@ -146,24 +220,32 @@ def apply_comments(report: Report) -> Report:
 
 @dataclass
 class BaselinePlan:
-    """What `check` does with baselines: the accepted fingerprints and where to write one."""
+    """What `check` does with baselines: the accepted findings, where to write one, and the
+    entries already there that a rewrite keeps."""
 
-    accepted: Counter | None = None
+    accepted: Baseline | None = None
     write_path: str | None = None
+    kept: Baseline | None = None
 
     def apply(self, report: Report) -> Report:
         report = apply_comments(report)
         if self.accepted is not None:
-            report = apply_baseline(report, self.accepted)
+            report = apply_baseline(report, self.accepted.accepted(report))
         return report
 
-    def files(self, report: Report) -> list[tuple[str, str]]:
-        return [(self.write_path, baseline_text(report))] if self.write_path else []
+    def files(self, *reports: Report) -> list[tuple[str, str]]:
+        if not self.write_path:
+            return []
+        return [(self.write_path, baseline_text(list(reports), self.kept))]
 
 
 def prepare_baseline(baseline: str | None, write_baseline: str | None) -> BaselinePlan:
-    """Read `--baseline` and check `--write-baseline`'s folder before the audit runs."""
+    """Read `--baseline` and check `--write-baseline`'s folder before the audit runs; a
+    baseline already at `--write-baseline` is read, to keep the configs this run leaves out."""
     accepted = load_baseline(baseline) if baseline else None
+    kept = None
     if write_baseline:
         check_output_path(write_baseline, "--write-baseline")
-    return BaselinePlan(accepted, write_baseline)
+        if unreadable(write_baseline) != "not found":
+            kept = load_baseline(write_baseline)
+    return BaselinePlan(accepted, write_baseline, kept)

@@ -1,13 +1,16 @@
 """`qaudit diff BASE HEAD`: audit two configs (or read two JSON reports) and show what changes.
 
 Only modules whose precision, recipe, tracked, accumulation, calls or verdict differ are shown
-(plus modules that appear or disappear), and the findings that appear or disappear (matched by
-baseline fingerprint: rule, module, recipe entry; never line numbers). The exit code is 1 when
-the head introduces a finding at or above `--fail-on` (default: error).
+(plus modules that appear or disappear), the findings that appear or disappear (matched by
+baseline fingerprint: rule, module, recipe entry; never line numbers), and the findings on both
+sides whose severity or scope changed (QA001 lost "on microbatch 0 of the first step only" and
+now "of every step"): for a reviewer, the most important thing a diff can say. The exit code is
+1 when the head introduces a finding, or changes one, at or above `--fail-on` (default: error).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,6 +22,24 @@ DIFF_SCHEMA = "qaudit-diff/1"
 FIELDS = ("precision", "recipe", "tracked", "accumulation", "calls_per_microbatch",
           "nograd_calls_per_microbatch", "verdict")
 LABELS = {"calls_per_microbatch": "calls", "nograd_calls_per_microbatch": "no-grad calls"}
+# When a finding's loss happens (QA001/QA005/QA007 messages, qaudit/judge/rules/qa001_*.py
+# `_when`): which microbatches of which steps.
+_SCOPE = re.compile(r"on microbatch [\d, ]+ of (?:the first step only|every step|"
+                    r"(?:watched )?step\(s\) [\d, ]+(?: of \d+)?)")
+
+
+def scope_of(finding: Finding) -> str | None:
+    match = _SCOPE.search(finding.message)
+    return match.group(0).rstrip(", ") if match else None
+
+
+@dataclass(kw_only=True)
+class FindingChange:
+    """The same finding (same fingerprint) on both sides, with another severity or scope."""
+
+    base: Finding
+    head: Finding
+    changes: dict[str, tuple[Any, Any]]  # "severity" / "scope" -> (base, head)
 
 
 @dataclass(kw_only=True)
@@ -37,10 +58,13 @@ class ReportDiff:
     modules: list[ModuleChange]
     new: list[Finding]
     fixed: list[Finding]
+    changed: list[FindingChange] = field(default_factory=list)
 
     def exit_code(self, fail_on: str = "error") -> int:
+        """1 when a new finding, or a changed one (its head side), is at or above `fail_on`."""
         threshold = SEVERITIES.index(fail_on)
-        return int(any(SEVERITIES.index(f.severity) <= threshold for f in self.new))
+        heads = self.new + [change.head for change in self.changed]
+        return int(any(SEVERITIES.index(f.severity) <= threshold for f in heads))
 
     def to_dict(self, exit_code: int) -> dict[str, Any]:
         def side(report: Report) -> dict[str, Any]:
@@ -60,7 +84,11 @@ class ReportDiff:
                          "changes": {k: {"base": b, "head": h} for k, (b, h) in m.changes.items()}}
                         for m in self.modules],
             "findings": {"new": [asdict(f) for f in self.new],
-                         "fixed": [asdict(f) for f in self.fixed]},
+                         "fixed": [asdict(f) for f in self.fixed],
+                         "changed": [{"base": asdict(c.base), "head": asdict(c.head),
+                                      "changes": {k: {"base": b, "head": h}
+                                                  for k, (b, h) in c.changes.items()}}
+                                     for c in self.changed]},
             "exit_code": exit_code,
         }
 
@@ -75,6 +103,28 @@ def _finding_delta(before: list[Finding], after: list[Finding]) -> list[Finding]
             left[key] -= 1
         else:
             out.append(finding)
+    return out
+
+
+def _finding_changes(base: list[Finding], head: list[Finding]) -> list[FindingChange]:
+    """Findings on both sides (paired by fingerprint, in order) whose severity or scope
+    differ."""
+    waiting: dict[str, list[Finding]] = {}
+    for finding in base:
+        waiting.setdefault(fingerprint(finding), []).append(finding)
+    out = []
+    for finding in head:
+        matches = waiting.get(fingerprint(finding))
+        if not matches:
+            continue
+        old = matches.pop(0)
+        changes = {}
+        if old.severity != finding.severity:
+            changes["severity"] = (old.severity, finding.severity)
+        if scope_of(old) != scope_of(finding):
+            changes["scope"] = (scope_of(old), scope_of(finding))
+        if changes:
+            out.append(FindingChange(base=old, head=finding, changes=changes))
     return out
 
 
@@ -101,4 +151,5 @@ def diff_reports(base: Report, head: Report) -> ReportDiff:
                                         base=row, head=None))
     return ReportDiff(base=base, head=head, modules=modules,
                       new=_finding_delta(base.findings, head.findings),
-                      fixed=_finding_delta(head.findings, base.findings))
+                      fixed=_finding_delta(head.findings, base.findings),
+                      changed=_finding_changes(base.findings, head.findings))

@@ -55,7 +55,7 @@ def _render(report: Report, exit_code: int, fmt: str, *, expand: bool,
         return render_sarif(report, exit_code)
     if fmt == "github":
         from qaudit.render.github import render_github
-        return render_github(report, exit_code)
+        return render_github(report, exit_code, show_info=show_info)
     if fmt == "svg":
         from qaudit.render.svg import render_svg
         return render_svg(report, exit_code)
@@ -130,7 +130,7 @@ def prepare(report: Report, exit_code: int, stdout_format: str, outputs: list[tu
         if stdout_format != "github":
             if annotations is None:
                 from qaudit.render.github import render_annotations
-                emission.stderr = render_annotations(report)
+                emission.stderr = render_annotations(report, show_info)
             else:
                 emission.stderr = annotations()
         summary = environ.get("GITHUB_STEP_SUMMARY")

@@ -6,13 +6,12 @@ Every helper tolerates report fields it does not know yet (read with getattr).
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from qaudit.errors import printable
+from qaudit.files.paths import repo_relative  # noqa: F401  (renderers import it from here)
 from qaudit.judge.report import SEVERITIES, Finding, ModuleRow, Report
 
 # `decoder.layers.12.mlp.linear_fc1` -> prefix `decoder.layers`, index 12, rest `mlp.linear_fc1`.
@@ -412,27 +411,6 @@ def summary_line(report: Report, exit_code: int) -> str:
 
 
 # --- paths -----------------------------------------------------------------------------------
-
-def _git_root(start: Path) -> Path | None:
-    for folder in (start, *start.parents):
-        if (folder / ".git").exists():
-            return folder
-    return None
-
-
-def repo_relative(path: str, cwd: str | os.PathLike | None = None) -> str:
-    """A path as CI and code review tools want it: relative to the git root containing the
-    current directory (else to the current directory), with `/` separators; never absolute.
-    A file outside that root is given relative to it with `..` parts."""
-    here = Path(cwd) if cwd is not None else Path.cwd()
-    absolute = Path(os.path.abspath(here / path))
-    root = _git_root(Path(os.path.abspath(here))) or Path(os.path.abspath(here))
-    try:
-        relative = os.path.relpath(absolute, root)
-    except ValueError:  # another drive (Windows): the name is all that is not absolute
-        relative = absolute.name
-    return Path(relative).as_posix()
-
 
 def megatron_text(report: Report) -> str | None:
     """Which Megatron the verdict is for, and why that one: `megatron-core 0.19.2 (assumed:

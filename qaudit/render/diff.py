@@ -6,8 +6,8 @@ import json
 from collections import Counter
 from typing import Any
 
-from qaudit.judge.diff import LABELS, ModuleChange, ReportDiff
-from qaudit.render.common import calls_text, group_rows
+from qaudit.judge.diff import LABELS, FindingChange, ModuleChange, ReportDiff
+from qaudit.render.common import calls_text, collapse_rows, compress_names
 
 ARROW = "\u2192"  # Markdown only; the table keeps ASCII "->"
 
@@ -32,12 +32,27 @@ def change_text(change: ModuleChange, arrow: str = "->") -> str:
                      for k, (b, h) in change.changes.items())
 
 
+def changed_groups(changes: list[FindingChange]) -> list[tuple[str, list[str]]]:
+    """Changed findings grouped as the verdict groups findings: one line per rule, severity
+    and change, with its modules' names collapsed (`mtp.layers.0.[...]`)."""
+    groups: dict[tuple, list[str]] = {}
+    for change in changes:
+        what = "; ".join(f"{name} {b or '-'} -> {h or '-'}"
+                         for name, (b, h) in change.changes.items())
+        head = change.head
+        key = (head.rule, head.severity, what)
+        groups.setdefault(key, []).append(head.module or head.message.split(":")[0])
+    return [(f"{rule} {severity}  {what}", compress_names(names))
+            for (rule, severity, what), names in groups.items()]
+
+
 def _summary(diff: ReportDiff, exit_code: int) -> str:
     counts = Counter(f.severity for f in diff.new)
     fixed = Counter(f.severity for f in diff.fixed)
     return (f"{len(diff.modules)} module(s) changed; new: {counts.get('error', 0)} error(s), "
             f"{counts.get('warning', 0)} warning(s), {counts.get('info', 0)} info; "
-            f"fixed: {sum(fixed.values())}   exit {exit_code}")
+            + (f"changed: {len(diff.changed)}; " if diff.changed else "")
+            + f"fixed: {sum(fixed.values())}   exit {exit_code}")
 
 
 def render_diff_table(diff: ReportDiff, exit_code: int, *, width: int = 80,
@@ -65,10 +80,15 @@ def render_diff_table(diff: ReportDiff, exit_code: int, *, width: int = 80,
         lines.append("no module changes")
     else:
         lines.append("module changes:")
-        for group in group_rows(diff.modules, expand, signature=_signature):
+        for group in collapse_rows(diff.modules, expand, signature=_signature):
             count = f"  (x{group.count})" if group.count > 1 else ""
             lines.append(group.name + count)
             lines.extend(wrap(change_text(group.row), "  ", "    "))
+    if diff.changed:
+        lines += ["", f"changed findings ({len(diff.changed)}):"]
+        for what, names in changed_groups(diff.changed):
+            lines.extend(wrap(what))
+            lines.extend(wrap(", ".join(names), "      modules: ", " " * 15))
     for title, findings in (("new findings", diff.new), ("fixed findings", diff.fixed)):
         if findings:
             lines.append("")
@@ -88,17 +108,22 @@ def render_diff_markdown(diff: ReportDiff, exit_code: int, *, expand: bool = Fal
     new = Counter(f.severity for f in diff.new)
     lines = [f"{status} **qaudit diff {code(diff.base.config)} \u2192 {code(diff.head.config)}: "
              f"{new.get('error', 0)} new error(s), {new.get('warning', 0)} new warning(s), "
-             f"{len(diff.fixed)} fixed** (exit {exit_code})", ""]
+             f"{len(diff.changed)} changed, {len(diff.fixed)} fixed** (exit {exit_code})", ""]
     megatron = megatron_text(diff.head)
     if megatron:
         lines += [f"For {escape(megatron)}.", ""]
     if diff.modules:
         lines += ["| module | n | change |", "| --- | ---: | --- |"]
-        for group in group_rows(diff.modules, expand, signature=_signature):
+        for group in collapse_rows(diff.modules, expand, signature=_signature):
             lines.append(f"| {code(group.name)} | {group.count} | "
                          f"{escape(change_text(group.row, arrow=ARROW))} |")
     else:
         lines.append("No module changes.")
+    if diff.changed:
+        lines += ["", "#### Changed findings", ""]
+        lines += [f"- **{escape(what.replace(' -> ', f' {ARROW} '))}**: "
+                  + ", ".join(code(name) for name in names)
+                  for what, names in changed_groups(diff.changed)]
     for title, findings in (("New findings", diff.new), ("Fixed findings", diff.fixed)):
         if findings:
             lines += ["", f"#### {title}", ""] + finding_items(findings, expand)

@@ -1,6 +1,10 @@
 """GitHub Actions workflow commands: one `::error file=…,line=…,title=QA001::message` line per
-finding (`::warning` / `::notice` for lower severities), so findings show on the changed
-lines of a pull request. Paths are repository-relative."""
+error or warning, so findings show on the changed lines of a pull request. Paths are
+repository-relative.
+
+Info notes are harmless (a clean GPT-3 175B dump has 384), and GitHub lists every annotation
+on the run's page, so they become ONE notice saying how many there are and how to see them;
+`--show-info` annotates each, as it prints each in the table."""
 
 from __future__ import annotations
 
@@ -18,21 +22,45 @@ def _escape_property(text: str) -> str:
     return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def annotation(finding: Finding) -> str:
+def _command(command: str, file: str | None, line: int | None, title: str, text: str) -> str:
     properties = []
-    if finding.file:
-        properties.append(f"file={_escape_property(repo_relative(finding.file))}")
-        if finding.line:
-            properties.append(f"line={int(finding.line)}")
-    properties.append(f"title={_escape_property(finding.rule)}")
-    command = COMMANDS.get(finding.severity, "warning")
-    return f"::{command} {','.join(properties)}::{_escape_data(finding_text(finding))}"
+    if file:
+        properties.append(f"file={_escape_property(repo_relative(file))}")
+        if line:
+            properties.append(f"line={int(line)}")
+    properties.append(f"title={_escape_property(title)}")
+    return f"::{command} {','.join(properties)}::{_escape_data(text)}"
 
 
-def render_annotations(report: Report) -> str:
+def annotation(finding: Finding) -> str:
+    return _command(COMMANDS.get(finding.severity, "warning"), finding.file, finding.line,
+                    finding.rule, finding_text(finding))
+
+
+def info_notice(report: Report) -> str | None:
+    """One notice for every info note: how many, of which rules, and how to see them."""
+    per_rule: dict[str, int] = {}
+    for finding in report.findings:
+        if finding.severity == "info":
+            per_rule[finding.rule] = per_rule.get(finding.rule, 0) + 1
+    if not per_rule:
+        return None
+    rules = ", ".join(f"{rule} x{count}" for rule, count in per_rule.items())
+    count = sum(per_rule.values())
+    return _command("notice", report.config, None, "qaudit info",
+                    f"{count} info note(s) ({rules}), not annotated one by one: add "
+                    "--show-info to annotate each, or run qaudit check on this config with "
+                    "--show-info to print them")
+
+
+def render_annotations(report: Report, show_info: bool = False) -> str:
     """Only the workflow commands (for stderr next to another format)."""
-    return "".join(annotation(f) + "\n" for f in report.findings)
+    shown = [f for f in report.findings if show_info or f.severity != "info"]
+    lines = [annotation(f) for f in shown]
+    if not show_info and (notice := info_notice(report)):
+        lines.append(notice)
+    return "".join(line + "\n" for line in lines)
 
 
-def render_github(report: Report, exit_code: int) -> str:
-    return render_annotations(report) + f"qaudit: {summary_line(report, exit_code)}\n"
+def render_github(report: Report, exit_code: int, show_info: bool = False) -> str:
+    return render_annotations(report, show_info) + f"qaudit: {summary_line(report, exit_code)}\n"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qaudit.errors import printable
-from qaudit.judge.report import Report
+from qaudit.judge.report import SEVERITIES, Report
 from qaudit.render.common import repo_relative, summary_counts
 
 MANY_SCHEMA = "qaudit/files-1"
@@ -29,12 +29,31 @@ def worst_code(items: list[Audited]) -> int:
     return max((item.code for item in items), default=0)
 
 
+def _rules_text(report: Report) -> str:
+    """Each rule with errors or warnings, most severe first: how many findings and the first
+    module (or setting) it names, so the line says what to look at."""
+    firsts: dict[str, tuple[int, str, int]] = {}
+    for finding in report.findings:
+        if finding.severity == "info":
+            continue
+        rank = SEVERITIES.index(finding.severity)
+        where = finding.module or finding.message.split(":", 1)[0]
+        rank_, first, count = firsts.get(finding.rule, (rank, where, 0))
+        firsts[finding.rule] = (min(rank, rank_), first, count + 1)
+    parts = [f"{rule} on {first}" + (f" (+{count - 1} more)" if count > 1 else "")
+             for rule, (_, first, count) in sorted(firsts.items(),
+                                                    key=lambda item: (item[1][0], item[0]))]
+    return "; ".join(parts)
+
+
 def _line(item: Audited) -> str:
     """One file's summary line: one line whatever the file is named (a newline in a name
     would otherwise start a line of its own, in `github` a workflow command)."""
     if item.report is None:
         return f"exit {item.code}  {_name(item.path)}: {printable(item.error or '')}"
-    return f"exit {item.code}  {_name(item.path)}: {summary_counts(item.report)}"
+    rules = printable(_rules_text(item.report))
+    return (f"exit {item.code}  {_name(item.path)}: {summary_counts(item.report)}"
+            + (f" -- {rules}" if rules else ""))
 
 
 def _name(path: str) -> str:
@@ -43,14 +62,14 @@ def _name(path: str) -> str:
     return printable(path).replace("##[", "#\\#[")
 
 
-def render_many(items: list[Audited], fmt: str) -> str:
+def render_many(items: list[Audited], fmt: str, show_info: bool = False) -> str:
     """Every format goes through `defuse`, as one report's does (render/defuse.py)."""
     from qaudit.render.defuse import defuse
 
-    return defuse(_render_many(items, fmt), commands=fmt != "github")
+    return defuse(_render_many(items, fmt, show_info), commands=fmt != "github")
 
 
-def _render_many(items: list[Audited], fmt: str) -> str:
+def _render_many(items: list[Audited], fmt: str, show_info: bool) -> str:
     worst = worst_code(items)
     if fmt == "table":
         lines = [_line(item) for item in items]
@@ -74,7 +93,7 @@ def _render_many(items: list[Audited], fmt: str) -> str:
             if item.report is not None:
                 from qaudit.render.github import render_annotations
 
-                out.append(render_annotations(item.report))
+                out.append(render_annotations(item.report, show_info))
             out.append(f"qaudit: {_line(item)}\n")
         return "".join(out)
     raise ValueError(f"format {fmt!r} takes one config")

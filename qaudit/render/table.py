@@ -97,11 +97,13 @@ def _styled(cell: str, style: str, paint) -> str:
 
 
 def split_name(name: str, width: int, indent: str = "    ") -> list[str]:
-    """A module name too long for `width`, broken after dots; continuation lines indented."""
+    """A module name too long for `width`, broken only after the commas of its index lists
+    (`[0,2,4,...]`), never inside the name itself, so that it can be searched and copied; a
+    piece still too long stays whole. Continuation lines indented."""
     if len(name) <= width:
         return [name]
     lines, current = [], ""
-    for part in re.findall(r"[^.,]+[.,]?", name):  # after dots, and commas of index lists
+    for part in re.findall(r"[^,]+,?", name):  # commas appear only in index lists
         limit = width - (len(indent) if lines else 0)
         if current and len(current) + len(part) > limit:
             lines.append(current)
@@ -158,8 +160,13 @@ def _module_lines(groups: list[RowGroup], width: int, paint) -> list[str]:
              INDENT + _join(_pad(head_behaviour, b_widths)),
              "-" * rule_width]
     for r, group in enumerate(groups):
-        *head, last = split_name(group.name, name_width)
-        lines.extend(head)
+        pieces = split_name(group.name, name_width)
+        if len(pieces[-1]) > name_width:  # whole on its own line; the columns on the next
+            lines.extend(pieces)
+            last = ""
+        else:
+            *head, last = pieces
+            lines.extend(head)
         first = _pad([last, type_col[r], count_col[r]], [name_width, t_width, n_width], {2})
         first_line = _join(first)
         if errors[r] is not None:
@@ -190,10 +197,16 @@ def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
         names = compress_names(group.modules)
         pad = " " * 15
         for i, name in enumerate(names):
-            # A name too long for the line breaks after a dot (MTP names reach 70 characters).
             parts = split_name(name, width - len(pad), "    ")
-            lines.append(("      modules: " if i == 0 else pad) + parts[0])
-            lines.extend(pad + part for part in parts[1:])
+            if len(parts[0]) <= width - len(pad):
+                lines.append(("      modules: " if i == 0 else pad) + parts[0])
+                lines.extend(pad + part for part in parts[1:])
+                continue
+            # Never broken inside the name (MTP names reach 70 characters): on its own
+            # line, less indented.
+            if i == 0:
+                lines.append("      modules:")
+            lines.extend(" " * 8 + part for part in parts)
     where = location(f.file, f.line)
     if where:
         lines.append(f"      at {where}")
@@ -267,7 +280,8 @@ def verdict_lines(groups: list[FindingGroup], summary: str, width: int, show_inf
         if what or len(lead + names[0]) <= width:
             entry = _entry_lines(lead + what, names, width)
         else:
-            entry = [_truncate(lead + names[0], width)]
+            # Wrapped, never cut: the reason is what the reader acts on.
+            entry = _wrap(lead.lstrip() + names[0], width, "  ", " " * 8)
         entry[0] = entry[0].replace(lead, f"  {f.rule} {paint(f.severity, _severity_style(f.severity))}  ", 1)
         lines.extend(entry)
         if f.fix:
@@ -323,7 +337,8 @@ def _policy_lines(policies) -> list[str]:
 
 
 def _suggestion_lines(suggestions, width: int) -> list[str]:
-    """Remedies re-audited by --suggest: whether each passes, its cost and its YAML."""
+    """Remedies re-audited by --suggest: whether each passes, its cost and the change in the
+    input's own syntax."""
     lines = ["", "suggested remedies (each re-audited):"]
     for item in suggestions if isinstance(suggestions, list) else [suggestions]:
         if not isinstance(item, dict):
@@ -335,7 +350,7 @@ def _suggestion_lines(suggestions, width: int) -> list[str]:
         if item.get("cost"):
             lines.extend(_wrap(f"cost: {item['cost']}", width, "    ", "          "))
         if item.get("yaml"):
-            lines.append("    yaml:")
+            lines.append("    change:")
             lines.extend("      " + line for line in str(item["yaml"]).rstrip().splitlines())
     return lines
 

@@ -25,9 +25,11 @@ def te_unavailable_reason(device: str | None = None) -> str:
     on qaudit's CPU kernel stand-in (qaudit/runtime/te_cpu, docs/te-runtime.md) when the
     stand-in serves that TE release."""
     if not te_installed():
-        return ("Transformer Engine is not installed (on a machine with an NVIDIA GPU and CUDA: "
-                "pip install \"megatron-qaudit[te]\"; without one, TE's pure-Python package runs on "
-                "qaudit's CPU kernel stand-in; see docs/te-runtime.md)")
+        # qaudit is installed from a clone (not on the package index): the extra is the
+        # clone's own.
+        return ("Transformer Engine is not installed (on a machine with an NVIDIA GPU and CUDA, "
+                "in your clone of qaudit: pip install \".[te]\"; without one, TE's pure-Python "
+                "package runs on qaudit's CPU kernel stand-in; see docs/te-runtime.md)")
     if _uses_stand_in(device):
         from qaudit.runtime import te_cpu
 

@@ -6,6 +6,7 @@ from typing import Iterable
 
 from qaudit.load.config import ModelConfig
 from qaudit.model.probe import CallRecord
+from qaudit.judge import remedies
 from qaudit.judge.rules import AuditFacts, Hit, rule
 from qaudit.run.fsdp import FsdpGrads
 
@@ -40,37 +41,29 @@ def _fsdp_fix(config: ModelConfig, module: str, repeated: bool, drained: bool) -
     then adds autograd's gradient, which sums every call) or fewer writes per buffer help."""
     options = []
     if repeated and module.startswith("mtp.") and config.mtp_use_repeated_layer:
-        options.append("set mtp_use_repeated_layer: false (one MTP layer per depth)")
+        options.append(remedies.one_layer_per_depth(config))
     if not repeated and not drained:
-        options.append("set data_parallel_sharding_strategy: optim_grads (main_grad is "
-                       "reduced after every microbatch)")
-    options.append("set gradient_accumulation_fusion: false (Megatron-FSDP then adds the "
-                   "autograd gradient, which sums every call)")
-    return "; or ".join(options)
+        options.append(remedies.grads_sharded())
+    options.append(remedies.unfused_accumulation_fsdp())
+    return remedies.fix_line(config, options)
 
 
-def _fix(config: ModelConfig, module: str, policy: str, stale: bool, high_precision: bool) -> str:
-    """The same order whatever the precision: the change to the run, then the Megatron that
-    fixes it (when one does), then the workarounds that cost speed or memory."""
+def _fix(config: ModelConfig, module: str, policy: str, stale: bool, high_precision: bool,
+         any_quantized: bool) -> str:
+    """Every remedy that applies, cheapest on this config first (the pricing --suggest uses,
+    qaudit/judge/remedies.py)."""
     options = []
     if module.startswith("mtp.") and config.mtp_use_repeated_layer:
-        options.append("set mtp_use_repeated_layer: false (one MTP layer per depth)")
+        options.append(remedies.one_layer_per_depth(config))
     if module == "output_layer":
-        options.append("set fp8_output_proj: false (Megatron's own output layer accumulates "
-                       "outside Megatron-FSDP)")
+        options.append(remedies.own_output_layer())
     if stale:
-        options.append("upgrade to Megatron-LM main with PR #6965 (check with --megatron main: "
-                       "BF16 configs pass None and accumulate)")
+        options.append(remedies.megatron_main())
     elif high_precision and policy != "module":
-        options.append("upgrade to a Megatron with PR #7353 (check with --policy module: this "
-                       "module runs high precision, so it would get None and accumulate)")
-    costly = []
-    if not stale:
-        costly.append("disable_parameter_transpose_cache: true (always None: no weight cache, "
-                      "every call re-quantizes)")
-    costly.append("gradient_accumulation_fusion: false (unfused weight-gradient accumulation)")
-    options.append("at a cost, set " + "; or ".join(costly))
-    return "; or ".join(options)
+        options.append(remedies.module_policy(0))
+    options.append(remedies.no_weight_cache(any_quantized))
+    options.append(remedies.unfused_accumulation())
+    return remedies.fix_line(config, options)
 
 
 def _when(lossy: list[CallRecord], steps: int, observed: bool = False) -> str:
@@ -104,14 +97,15 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     With `no_shard` or `optim` the buffer is reduced only after the last microbatch, so a
     module run once per microbatch loses the earlier microbatches too (qaudit/run/fsdp.py).
 
-    Fixes, in this order for every precision: change the run so the module runs once per
-    microbatch (no repeated MTP layer, Megatron's own output layer); use a Megatron that passes
-    None to it, where one exists (PR #6965 for BF16 configs, PR #7353 for high-precision
-    modules); at a cost, pass None (`disable_parameter_transpose_cache`) or turn fused
-    accumulation off.
+    Fixes: change the run so the module runs once per microbatch (no repeated MTP layer,
+    Megatron's own output layer); use a Megatron that passes None to it, where one exists (PR
+    #6965 for BF16 configs, PR #7353 for high-precision modules); pass None
+    (`disable_parameter_transpose_cache`) or turn fused accumulation off. Listed cheapest first
+    on this config, priced as --suggest prices them, in the input's own syntax.
     """
     steps = max((r.step for records in facts.records.values() for r in records), default=0) + 1
     rows = {row.name: row for row in facts.rows}
+    any_quantized = any(row.precision not in ("bf16", "-") for row in facts.rows)
     for module, records in facts.records.items():
         lossy = [r for r in records if r.lossy]
         if not lossy:
@@ -152,5 +146,6 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
         message = (f"{module}: called {row.calls_per_microbatch}x per microbatch; {why}; "
                    f"gradient lost {_when(lossy, steps, facts.observed)} ({key})")
         fix = (_fsdp_fix(config, module, repeated, fsdp.drained_each_backward) if fsdp_loss
-               else _fix(config, module, facts.policy.name, stale, row.precision == "bf16"))
+               else _fix(config, module, facts.policy.name, stale, row.precision == "bf16",
+                         any_quantized))
         yield Hit(module=module, message=message, file=file, line=line, fix=fix)
