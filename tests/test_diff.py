@@ -140,3 +140,18 @@ def replace_precision(report, precision):
     from dataclasses import replace
 
     return replace(report, modules=[replace(row, precision=precision) for row in report.modules])
+
+
+def test_a_guards_observed_scope_agrees_with_the_prediction_it_confirms():
+    """The guard says which watched steps lost gradient; a prediction agrees when it names
+    exactly those among the watched ones."""
+    from qaudit.judge.diff import scopes_agree
+
+    first, every = "on microbatch 0 of the first step only", "on microbatch 0 of every step"
+    assert scopes_agree(first, "on microbatch 0 of watched step(s) 1 of 1")
+    assert scopes_agree(every, "on microbatch 0 of watched step(s) 1 of 1")
+    assert scopes_agree("on microbatch 0 of watched step(s) 1, 2 of 2", every)
+    assert not scopes_agree(first, "on microbatch 0 of watched step(s) 1, 2 of 2")
+    assert not scopes_agree(every, "on microbatch 0 of watched step(s) 1 of 2")
+    assert not scopes_agree(every, "on microbatch 1 of watched step(s) 1 of 1")
+    assert not scopes_agree(first, every)

@@ -33,6 +33,36 @@ def scope_of(finding: Finding) -> str | None:
     return match.group(0).rstrip(", ") if match else None
 
 
+def scopes_agree(base: str | None, head: str | None) -> bool:
+    """Two scopes say the same loss. A guard's report says which of the steps it watched lost
+    gradient ("watched step(s) 1 of 1"); against a prediction, that agrees when the predicted
+    steps are exactly those among the watched ones ("the first step only" watched for one
+    step agrees with "every step" too)."""
+    if base == head:
+        return True
+    if base is None or head is None:
+        return False
+    observed = [side for side in (base, head) if "watched step(s)" in side]
+    if len(observed) != 1:
+        return False
+    seen = observed[0]
+    predicted = head if seen is base else base
+    if _microbatches(seen) != _microbatches(predicted):
+        return False
+    steps_text, _, total = seen.partition("watched step(s) ")[2].partition(" of ")
+    steps = {int(step) for step in steps_text.replace(",", " ").split()}
+    watched = int(total) if total.strip().isdigit() else max(steps, default=0)
+    if predicted.endswith("the first step only"):
+        return steps == {1}
+    if predicted.endswith("every step"):
+        return steps == set(range(1, watched + 1))
+    return False
+
+
+def _microbatches(scope: str) -> str:
+    return scope.partition(" of ")[0]
+
+
 @dataclass(kw_only=True)
 class FindingChange:
     """The same finding (same fingerprint) on both sides, with another severity or scope."""
@@ -121,7 +151,7 @@ def _finding_changes(base: list[Finding], head: list[Finding]) -> list[FindingCh
         changes = {}
         if old.severity != finding.severity:
             changes["severity"] = (old.severity, finding.severity)
-        if scope_of(old) != scope_of(finding):
+        if not scopes_agree(scope_of(old), scope_of(finding)):
             changes["scope"] = (scope_of(old), scope_of(finding))
         if changes:
             out.append(FindingChange(base=old, head=finding, changes=changes))

@@ -457,7 +457,7 @@ def config_from_mapping(mapping: YamlMap, source: ConfigSource,
     config = ModelConfig(**values, source=source)
     for family in families.parts("fields"):
         family.resolve(config, given)
-    _fill_defaults(config)
+    fill_derived_defaults(config)
     _validate(config)
     return config
 
@@ -490,7 +490,7 @@ def _note_setting(source: ConfigSource, key: str, value: Any, line: int | None) 
     source.notes.append(SourceNote(f"{key} {shown}: {why}", line, key))
 
 
-def _fill_defaults(config: ModelConfig) -> None:
+def fill_derived_defaults(config: ModelConfig) -> None:
     """Derived defaults, as `TransformerConfig.__post_init__` fills them."""
     if config.ffn_hidden_size is None:
         config.ffn_hidden_size = 4 * config.hidden_size

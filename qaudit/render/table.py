@@ -184,7 +184,10 @@ def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
                          break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
 
 
-def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
+def finding_lines(group: FindingGroup, width: int, paint=None,
+                  fix_shown_above: bool = False) -> list[str]:
+    """`fix_shown_above`: the finding just above has the same rule and fix text (QA090's
+    advice for many settings): it is pointed to, not repeated."""
     paint = paint or _painter(False)
     f = group.first
     lead = f"{f.rule} {f.severity}  "
@@ -210,7 +213,9 @@ def finding_lines(group: FindingGroup, width: int, paint=None) -> list[str]:
     where = location(f.file, f.line)
     if where:
         lines.append(f"      at {where}")
-    if f.fix:
+    if f.fix and fix_shown_above:
+        lines.append("      fix: as above")
+    elif f.fix:
         lines.extend(_wrap(f"fix: {f.fix}", width, " " * 6, " " * 11))
     evidence = getattr(f, "evidence", None)
     if evidence:
@@ -372,8 +377,12 @@ def render_table(report: Report, exit_code: int, *, width: int = DEFAULT_WIDTH,
     detailed = [g for g in _by_severity(groups) if show_info or g.first.severity != "info"]
     if detailed:
         lines.append("")
+    above = None
     for group in detailed:
-        lines.extend(finding_lines(group, text_width, paint))
+        same = above is not None and (above.rule, above.fix) == (group.first.rule,
+                                                                  group.first.fix)
+        lines.extend(finding_lines(group, text_width, paint, fix_shown_above=same))
+        above = group.first
     suggestions = getattr(report, "suggestions", None)
     if suggestions:
         lines.extend(_suggestion_lines(suggestions, text_width))
