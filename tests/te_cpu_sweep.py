@@ -52,13 +52,14 @@ def shard(index: int) -> list[str]:
 def check_shard(index: int) -> None:
     """Megatron 0.19.2 on TE's own Python (newest fetched release): no difference on any file
     of the shard, every module compared, and every file trained on TE's modules (pinned
-    attention backends, T5, Bridge's NVFP4 and MXFP8-attention dumps among them)."""
+    attention backends, T5, Bridge's NVFP4 and MXFP8-attention dumps among them), with the
+    guard watching every run and agreeing with the audit on every file."""
     # The deadline is the test's, not the worker's default: on a loaded 2-core machine
     # Nemotron-3 Super's upstream side alone can pass 900 s.
     document = _check(TE_DIRS[-1], shard(index), "--runtime", "reference",
                       "--cross-check-timeout", "3600")
     version = TE_DIRS[-1].name.removeprefix("te-")
-    problems, untrained, as_built = [], [], set()
+    problems, untrained, unguarded, as_built = [], [], [], set()
     for entry in document["files"]:
         report = entry.get("report")
         if report is None:
@@ -73,11 +74,17 @@ def check_shard(index: int) -> None:
         if not result["ran"] and not any("compared as built" in note or "cannot build" in
                                          note for note in result["not_covered"]):
             untrained.append((entry["path"], result["not_covered"]))
-        # Every file is built and every module compared (NVFP4's dump too).
+        # Every file is built and every module compared (NVFP4's dump too), and the guard
+        # watched the same run: every module observed, its verdict the audit's (a difference
+        # would be among `differences`, field "guard QA...").
         compared = result["modules_compared"] == len(report["modules"])
+        guard = result.get("guard") or {}
+        if guard.get("modules_observed") != len(report["modules"]) or guard["differences"]:
+            unguarded.append((entry["path"], guard))
         if result["differences"] or not compared:
             problems.append((entry["path"], result["differences"][:3], result["not_covered"]))
     assert len(document["files"]) == len(shard(index))
     assert problems == []
     assert untrained == []
+    assert unguarded == []
     assert as_built == set()

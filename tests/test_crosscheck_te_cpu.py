@@ -75,11 +75,42 @@ def test_megatron_on_tes_own_python_matches(te_dir, config):
 def test_a_difference_is_still_seen_on_tes_own_python():
     """`--policy config` (Megatron-LM main's tracking) is not what 0.19.2 does: TE's own
     modules receive 0.19.2's stale flag, and their GEMMs overwrite at it, as on the stand-in
-    package."""
+    package. The guard, watching that run, notes each BF16 module still tracked (QA003) where
+    the audit under `config` notes none."""
     result = _cross_check(TE_DIRS[-1], "gpt-small-bf16", "--policy", "config")
     assert {(d["field"], d["qaudit"], d["megatron"]) for d in result["differences"]} == {
-        ("tracked", "no", "stale"), ("accumulation", "accumulate", "overwrite-first")}
-    assert len(result["differences"]) == 2 * 16
+        ("tracked", "no", "stale"), ("accumulation", "accumulate", "overwrite-first"),
+        ("guard QA003", "(none)", "info")}
+    assert len(result["differences"]) == 3 * 16
+    assert result["guard"]["differences"] == 16
+
+
+_GUARD_BLIND_TO_FLAGS = """
+from qaudit.run import observe
+_on_call = observe.LiveObserver.on_call
+observe.LiveObserver.on_call = lambda self, row, flag, module, quant: _on_call(
+    self, row, None, module, quant)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TE_DIRS or not MEGATRON,
+                    reason="QAUDIT_TEST_TE_DIRS and QAUDIT_TEST_MEGATRON_CORE not both set")
+def test_the_guard_watches_the_cross_checks_run_and_its_verdict_is_compared():
+    """Repeated MTP in BF16 under 0.19.2: the guard on upstream's run finds the audit's QA001
+    errors, no difference. A guard made blind to the flag (each call seen as `None`) no longer
+    does, and the comparison says so module by module."""
+    report = _check(TE_DIRS[-1], ["configs/gpt-mtp-bf16.yaml"])
+    guard = report["cross_check"]["guard"]
+    assert report["cross_check"]["differences"] == [] and guard["differences"] == 0
+    assert "QA001" in guard["rules"] and guard["findings"]["error"] > 0
+    assert guard["modules_observed"] == len(report["modules"]) and guard["steps_watched"] == 2
+    blind = _check(TE_DIRS[-1], ["configs/gpt-mtp-bf16.yaml"],
+                   prelude=_GUARD_BLIND_TO_FLAGS)["cross_check"]
+    lost = {d["module"] for d in blind["differences"]
+            if (d["field"], d["qaudit"], d["megatron"]) == ("guard QA001", "error", "(none)")}
+    errors = {f["module"] for f in report["findings"] if f["rule"] == "QA001"}
+    assert lost == errors and blind["guard"]["differences"] >= len(errors)
 
 
 @pytest.mark.slow

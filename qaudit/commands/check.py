@@ -152,7 +152,10 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
             job.cancel()
         raise
     if job is not None:
+        from qaudit.judge.guard_side import compare_with_guard
+
         run.facts.cross_check = job.result(run)
+        compare_with_guard(run.facts)
     findings = judge(run.facts)
     rows = run.rows
     if options.verify and not options.evaluation:

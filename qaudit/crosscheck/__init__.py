@@ -19,6 +19,9 @@ from qaudit.crosscheck.facts import Builder, BuiltModel, ModuleFacts, will_execu
 from qaudit.crosscheck import worker
 from qaudit.errors import EnvironmentProblem, InputError, printable
 from qaudit.plan.upstream.detect import MegatronLocation, locate_megatron
+from qaudit.load.precision import Quant
+from qaudit.model.probe import CallRecord
+from qaudit.run.observe import LiveObserver, NumericCheck, Observation, StrayWrite
 from qaudit.run.rows import weight_cache_of
 
 if TYPE_CHECKING:
@@ -38,12 +41,17 @@ class CrossCheck:
     ran: bool  # upstream's forward and backward ran (else construction only)
     not_covered: list[str] = field(default_factory=list)  # what the comparison left out, why
     te: str = ""  # the Transformer Engine Megatron ran on (te_side.TESide.describe)
+    # What the guard's observer saw of the upstream run (TE's own Python only), and its
+    # verdict next to the audit's (qaudit/judge/guard_side.py); None where it did not run.
+    observed: Observation | None = None
+    guard: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"megatron": self.megatron, "location": self.location, "te": self.te,
                 "modules_compared": self.modules_compared, "ran": self.ran,
                 "not_covered": list(self.not_covered),
-                "differences": [d.to_dict() for d in self.differences]}
+                "differences": [d.to_dict() for d in self.differences],
+                **({"guard": self.guard} if self.guard is not None else {})}
 
 
 def require_megatron() -> MegatronLocation:
@@ -166,11 +174,14 @@ class UpstreamSide:
     not_covered: list[str] = field(default_factory=list)
     unknown_fields: list[str] = field(default_factory=list)
     skipped: str | None = None  # why nothing was built (a variant the builder does not cover)
+    # What the guard's observer saw of the same training run (TE's own Python only).
+    observed: Observation | None = None
 
 
 # What the worker's result may hold besides plain values (crosscheck/plain.py): nothing else
 # crosses back into qaudit's process.
-RESULT_KINDS: tuple[type, ...] = (UpstreamSide, BuiltModel, ModuleFacts)
+RESULT_KINDS: tuple[type, ...] = (UpstreamSide, BuiltModel, ModuleFacts, Observation, CallRecord,
+                                  Quant, NumericCheck, StrayWrite)
 
 
 def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: int,
@@ -196,9 +207,14 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
                                 "not built by the cross-check")
                 return side
             else:
+                te_on_cpu = te.kind == "te-cpu"
+                # The guard watches the run where TE's own code decides (docs/guard.md).
+                observer = LiveObserver() if te_on_cpu and train else None
                 side.built = upstream_build.build_and_run(upstream, steps, microbatches, seed,
-                                                          run=train,
-                                                          te_on_cpu=te.kind == "te-cpu")
+                                                          run=train, te_on_cpu=te_on_cpu,
+                                                          observer=observer)
+                if observer is not None and side.built.ran:
+                    side.observed = observer.seen
             side.unknown_fields = list(getattr(upstream, "unknown_fields", []))
     except (InputError, EnvironmentProblem, worker.Deadline):
         raise
@@ -245,6 +261,7 @@ class UpstreamBuilder:
 
         self.location = location
         self.not_covered: list[str] = []
+        self.observed: Observation | None = None
         self.unsupported = _not_built_here(config)
         self.job: worker.ForkedWorker | None = None
         self.limits = worker.WorkerLimits(timeout_s=options.cross_check_timeout,
@@ -288,6 +305,7 @@ class UpstreamBuilder:
         if self.unsupported:
             return BuiltModel([], ran=False, skipped=self.unsupported)
         side = self._side()
+        self.observed = side.observed
         if side.skipped:
             return BuiltModel([], ran=False, skipped=side.skipped)
         built = side.built
@@ -300,6 +318,7 @@ class UpstreamBuilder:
     def result(self, run: "AuditRun") -> CrossCheck:
         result = cross_check(QauditBuilder(run), self, self.location)
         result.te = self.te.describe()
+        result.observed = self.observed  # judged by qaudit/judge/guard_side.py
         return result
 
     def cancel(self) -> None:

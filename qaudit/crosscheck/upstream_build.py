@@ -28,6 +28,7 @@ from qaudit.crosscheck.facts import BuiltModel, ModuleFacts, will_execute_label
 from qaudit.crosscheck.upstream_config import UpstreamInput
 from qaudit.model.probe import CallRecord
 from qaudit.run.fsdp import NO_FSDP, FsdpGrads
+from qaudit.run.observe import LiveObserver
 from qaudit.runtime.te_cpu.storage import NotStoodIn
 from qaudit.run.rows import (accumulation_of, calls_per_microbatch, precision_of,
                              weight_cache_of)
@@ -495,7 +496,8 @@ def linear_modules(chunks: list[Chunk]) -> list[tuple[str, torch.nn.Module]]:
 
 def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
                  microbatches: int, vocab: int, seq_length: int, seed: int = 0,
-                 fsdp: FsdpGrads = NO_FSDP, values: bool = True) -> None:
+                 fsdp: FsdpGrads = NO_FSDP, values: bool = True,
+                 observer: LiveObserver | None = None) -> None:
     """qaudit's training loop around upstream's model chunks: re-arm through upstream's own
     set_is_first_microbatch at each step's first microbatch, forward through every chunk in
     order (one process, as qaudit's own pipelined run), backward, update.
@@ -503,7 +505,8 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
     every microbatch (qaudit/run/fsdp.py). `values` False, on qaudit's stand-in TE (whose
     GEMMs compute no values): no buffer zeroed or drained, no weight updated, as qaudit's
     own run without --verify (qaudit/run/train.py). TE's own Python computes real values
-    and may decide on them, so that side keeps them."""
+    and may decide on them, so that side keeps them. `observer`: the guard's observer, told
+    each step and microbatch as the guard's hooks on Megatron's schedule tell it."""
     modules = torch.nn.ModuleList(chunk.model for chunk in chunks)
     params = attach_grad_buffers(modules, fsdp, values=values)
     generator = torch.Generator().manual_seed(seed)
@@ -518,8 +521,12 @@ def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
     for _ in range(steps):
         zero_grad_buffer(params, values)
         probe.recorder.start_step()
+        if observer is not None:
+            observer.start_step(zeroed=values)
         for index, (tokens, labels) in enumerate(batches):
             probe.recorder.start_microbatch(buffers_drained=fsdp.drained_each_backward)
+            if observer is not None:
+                observer.start_microbatch(index, drained=fsdp.drained_each_backward and index > 0)
             hidden = None
             for chunk in chunks:
                 with pipeline_rank(chunk.stage, stages, chunk.index,
@@ -649,9 +656,12 @@ def observe_mcore_linears(chunks: list[Chunk], probe: standin_te.CallProbe
 
 
 def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: int = 0,
-                  run: bool = True, te_on_cpu: bool = False) -> BuiltModel:
+                  run: bool = True, te_on_cpu: bool = False,
+                  observer: LiveObserver | None = None) -> BuiltModel:
     """`te_on_cpu`: Megatron's TE is TE's own Python on the CPU kernel stand-in; its modules'
-    calls are recorded at TE's own forwards (te_side.observing) instead of by standin_te."""
+    calls are recorded at TE's own forwards (te_side.observing) instead of by standin_te.
+    `observer` (te_on_cpu only): the guard watches the same training run, installed outside
+    the cross-check's own recording so that each sees every call and every GEMM."""
     # upstream_environment restores os.environ afterwards.
     os.environ.update(upstream.environment)
     if te_on_cpu:
@@ -674,11 +684,21 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
     probe = standin_te.CallProbe()
     probe.names = {id(module): name for name, module in linear_modules(chunks)}
     try:
-        observed = te_side.observing(probe) if te_on_cpu else standin_te.probing(probe)
-        with observed, observe_mcore_linears(chunks, probe) as decisions:
-            run_training(chunks, probe, steps, microbatches, upstream.model_kwargs["vocab_size"],
-                         upstream.model_kwargs["max_sequence_length"], seed,
-                         upstream.fsdp, values=te_on_cpu)
+        guarded = contextlib.nullcontext()
+        if observer is not None:
+            observer.watch([(chunk.prefix, chunk.model) for chunk in chunks])
+            guarded = observer.installed()
+        with guarded:
+            observed = te_side.observing(probe) if te_on_cpu else standin_te.probing(probe)
+            with observed, observe_mcore_linears(chunks, probe) as decisions:
+                if observer is not None:
+                    observer.recording = True
+                run_training(chunks, probe, steps, microbatches,
+                             upstream.model_kwargs["vocab_size"],
+                             upstream.model_kwargs["max_sequence_length"], seed,
+                             upstream.fsdp, values=te_on_cpu, observer=observer)
+                if observer is not None:
+                    observer.recording = False
     except standin_te.NotOnCPU as exc:
         # A feature of this config runs a CUDA kernel: compare what was built.
         return BuiltModel(module_facts(chunks, None, {}), ran=False,

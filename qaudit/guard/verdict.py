@@ -17,14 +17,9 @@ from qaudit.errors import InputError, printable
 from qaudit.judge.report import Finding, Report
 from qaudit.judge.rules import judge
 from qaudit.load.config import ModelConfig, fill_derived_defaults
-from qaudit.model.probe import CallRecord
-from qaudit.plan.policies import POLICIES
-from qaudit.run.evidence import AuditFacts
 from qaudit.run.observe import NumericCheck, Observation, StrayWrite
-from qaudit.run.rows import (ModuleRow, accumulation_of, calls_per_microbatch, precision_of)
+from qaudit.run.observed import GUARD_RULES, facts_of
 
-# The rules that judge what a run did (the others judge a config or recipe file).
-GUARD_RULES = ("QA001", "QA003", "QA004", "QA005", "QA006", "QA007")
 RESULT_FILE = "result-rank{rank}.json"
 
 
@@ -32,45 +27,6 @@ RESULT_FILE = "result-rank{rank}.json"
 class Outcome:
     stop: bool
     report: Report
-
-
-def rows_of(seen: Observation, rearms: bool | None) -> list[ModuleRow]:
-    """One row per observed module, in model order. `tracked`: observed when two or more
-    steps were watched (True again at a later step: yes), else from `rearms`, the running
-    Megatron's own re-arming (read from its code) when known."""
-    records = seen.records()
-    rows = []
-    for name, kind in seen.classes.items():
-        own = records.get(name, [])
-        is_te = name in seen.te_modules
-        rows.append(ModuleRow(
-            name=name, type=kind, precision=precision_of(own) if own else "-",
-            recipe=seen.bindings.get(name, "-"), tracked=_tracked(own, is_te, seen.steps, rearms),
-            accumulation="frozen" if seen.frozen.get(name) else accumulation_of(own),
-            calls_per_microbatch=calls_per_microbatch(own, grad=True),
-            nograd_calls_per_microbatch=calls_per_microbatch(own, grad=False),
-            stage=_stage(name)[0], chunk=_stage(name)[1]))
-    return rows
-
-
-def _tracked(records: list[CallRecord], is_te: bool, steps: int, rearms: bool | None) -> str:
-    if not is_te:
-        return "-"
-    if not records or all(r.flag is None for r in records):
-        return "no"
-    if any(r.flag is True and r.step > 0 for r in records):
-        return "yes"
-    if steps > 1 or rearms is None:
-        return "stale"
-    return "yes" if rearms else "stale"
-
-
-def _stage(name: str) -> tuple[int, int]:
-    head = name.split("/", 1)[0] if "/" in name else ""
-    if not head.startswith("stage"):
-        return 0, 0
-    stage, _, chunk = head[len("stage"):].partition(".chunk")
-    return int(stage), int(chunk or 0)
 
 
 def model_config(live: Any) -> ModelConfig:
@@ -142,16 +98,6 @@ def merged_observation(parts: list[dict[str, Any]]) -> Observation:
         if name in chosen.te_modules:
             merged.te_modules.append(name)
     return merged
-
-
-def facts_of(seen: Observation, config: ModelConfig, rearms: bool | None,
-             policy: Any = None) -> AuditFacts:
-    """`policy`: the running Megatron's tracking behaviour (its fix texts), legacy unknown."""
-    return AuditFacts(config=config, recipe=None, policy=policy or POLICIES["legacy"],
-                      rows=rows_of(seen, rearms), records=seen.records(),
-                      overwrite_main_grad=dict(seen.overwrite_main_grad),
-                      te_modules=list(seen.te_modules), bindings={}, observed=True,
-                      stray_writes=list(seen.strays))
 
 
 def build_report(parts: list[dict[str, Any]], options: Any) -> Report:

@@ -38,6 +38,11 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     mean that `--policy` or `--megatron` named another Megatron than the installed one
     (releases up to 0.19 behave as `legacy`, Megatron-LM main as `config`); without them
     qaudit follows the installed one.
+
+    Where that run is on TE's own Python (a TE release importable, no GPU), `qaudit guard`'s
+    observer watches it too and judges what it saw with the guard's rules; a module on which
+    the guard's verdict and the audit's differ is this finding too (`guard QA001` and so on:
+    the rule whose verdict differs, with each side's severity). See docs/guard.md.
     """
     result = facts.cross_check
     if result is None:
@@ -46,6 +51,8 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     version = f"Megatron {result.megatron}"
     for difference in result.differences:
         what = _FIELD_WORDS.get(difference.field, difference.field)
+        if difference.field.startswith("guard "):
+            what = f"{difference.field.removeprefix('guard ')} from the guard on that run"
         module = None if difference.module == "-" else difference.module
         message = f"{what}: qaudit {difference.qaudit}; {version} {difference.megatron}"
         yield Hit(module=module, message=message, file=file, line=None,
@@ -58,6 +65,10 @@ def _fix(field: str) -> str:
                 "Megatron's own behaviour")
     if field == "build":
         return "the installed Megatron cannot train this config: fix what its message names"
+    if field.startswith("guard "):
+        return ("the guard, watching Megatron's own run, would give another verdict than this "
+                "report: trust neither for this module until the difference is understood; "
+                "report it to qaudit")
     if field == "config field":
         return ("the installed Megatron's TransformerConfig does not know this field (a newer "
                 "release may): drop it or upgrade Megatron")
