@@ -93,6 +93,65 @@ def test_load_and_plan_never_import_torch(name):
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}, name
 
 
+def _run_time_imports(name: str) -> set[str]:
+    """The qaudit modules `name` imports when it runs: annotation-only imports (under
+    `if TYPE_CHECKING:`) left out, and `from package import submodule` counted as the
+    submodule (the package is imported first either way, as for any submodule)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    annotation_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and "TYPE_CHECKING" in ast.unparse(node.test)
+                       for statement in node.body for inner in ast.walk(statement)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in annotation_only:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            submodules = {f"{base}.{alias.name}" for alias in node.names} & set(MODULES)
+            found.update(submodules)
+            if len(submodules) < len(node.names):
+                found.add(base)
+    return {m for m in found if m in MODULES and m != name} - ENTRY_IMPORTS.get(name, set())
+
+
+def test_no_import_circle():
+    """No module reaches itself through what it imports (lazy imports inside functions
+    included), so each reads top-down and none is half-initialised when another uses it."""
+    graph = {name: _run_time_imports(name) for name in MODULES}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def circle_from(start: str) -> list[str] | None:
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            name, pending = stack[-1]
+            step = next(pending, None)
+            if step is None:
+                state[name] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(step) == 1:
+                return path[path.index(step):] + [step]
+            elif step not in state:
+                state[step] = 1
+                path.append(step)
+                stack.append((step, iter(sorted(graph[step]))))
+        return None
+
+    for name in sorted(MODULES):
+        if name not in state:
+            circle = circle_from(name)
+            assert circle is None, " -> ".join(circle)
+
+
 def test_every_module_is_in_a_stage():
     assert all(stage_of(name) in STAGES for name in MODULES)
 

@@ -5,11 +5,15 @@ the Megatron and Transformer Engine running, and whether that Megatron re-arms t
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from qaudit.errors import InputError
+from qaudit.load.config import ModelConfig, fill_derived_defaults
 
 
 def live_config(session: Any) -> Any:
@@ -22,8 +26,6 @@ def live_config(session: Any) -> Any:
 
 
 def describe(session: Any) -> dict[str, Any]:
-    from qaudit.guard.verdict import model_config
-
     live = live_config(session)
     config = model_config(live)
     described: dict[str, Any] = {"config": config, "te": _te_words(), "megatron": None,
@@ -62,3 +64,45 @@ def _te_words() -> str:
     if booted():
         return f"Transformer Engine {version} Python on CPU (kernels: qaudit CPU stand-in)"
     return f"Transformer Engine {version}"
+
+
+def model_config(live: Any) -> ModelConfig:
+    """The live TransformerConfig's plain fields that rules read, over qaudit's defaults:
+    attributes are read, nothing is called or imported."""
+    known = {spec.name: spec for spec in dataclasses.fields(ModelConfig) if spec.init}
+    values: dict[str, Any] = {}
+    for name in (*_REQUIRED, *_READ_BY_RULES):
+        value = getattr(live, name, None)
+        value = getattr(value, "value", value)  # Megatron's enums (Fp8Recipe, ...)
+        if name in known and isinstance(value, (bool, int, str)):
+            values[name] = value
+    for name in _REQUIRED:
+        values.setdefault(name, 1)
+    try:
+        config = ModelConfig(**values)
+    except (TypeError, ValueError):
+        config = ModelConfig(**{name: values[name] for name in _REQUIRED})
+    try:
+        fill_derived_defaults(config)  # widths the live config left unset, as it derives them
+    except InputError:
+        pass  # a contradiction the running Megatron accepted: its widths stay as read
+    return config
+
+
+_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads")
+_READ_BY_RULES = ("mtp_num_layers", "mtp_use_repeated_layer", "use_megatron_fsdp",
+                  "data_parallel_sharding_strategy", "fp8_output_proj",
+                  "gradient_accumulation_fusion", "disable_parameter_transpose_cache", "fp8",
+                  "fp4", "use_kitchen",
+                  # Widths: the fix line prices its remedies at the run's own sizes.
+                  "ffn_hidden_size", "num_query_groups", "kv_channels", "gated_linear_unit",
+                  "num_moe_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+                  "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+                  "qk_pos_emb_head_dim", "v_head_dim")
+
+
+def rank() -> int:
+    """This process's rank in the job (0 before torch.distributed is set up)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return int(os.environ.get("RANK", "0") or 0)

@@ -19,8 +19,6 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-
 from qaudit.errors import printable
 from qaudit.run.observe import LiveObserver
 
@@ -218,7 +216,3 @@ def wrap(session_method: Callable, original: Callable) -> Callable:
     return guarded
 
 
-def rank() -> int:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return int(os.environ.get("RANK", "0") or 0)

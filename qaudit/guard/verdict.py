@@ -13,11 +13,10 @@ from typing import Any
 
 import torch
 
-from qaudit.errors import InputError, printable
+from qaudit.errors import printable
 from qaudit.judge.report import Finding, Report
 from qaudit.judge.rules import judge
-from qaudit.load.config import ModelConfig, fill_derived_defaults
-from qaudit.run.observe import NumericCheck, Observation, StrayWrite
+from qaudit.run.observe import NumericCheck, Observation
 from qaudit.run.observed import GUARD_RULES, facts_of
 
 RESULT_FILE = "result-rank{rank}.json"
@@ -27,41 +26,6 @@ RESULT_FILE = "result-rank{rank}.json"
 class Outcome:
     stop: bool
     report: Report
-
-
-def model_config(live: Any) -> ModelConfig:
-    """The live TransformerConfig's plain fields that rules read, over qaudit's defaults:
-    attributes are read, nothing is called or imported."""
-    known = {spec.name: spec for spec in dataclasses.fields(ModelConfig) if spec.init}
-    values: dict[str, Any] = {}
-    for name in (*_REQUIRED, *_READ_BY_RULES):
-        value = getattr(live, name, None)
-        value = getattr(value, "value", value)  # Megatron's enums (Fp8Recipe, ...)
-        if name in known and isinstance(value, (bool, int, str)):
-            values[name] = value
-    for name in _REQUIRED:
-        values.setdefault(name, 1)
-    try:
-        config = ModelConfig(**values)
-    except (TypeError, ValueError):
-        config = ModelConfig(**{name: values[name] for name in _REQUIRED})
-    try:
-        fill_derived_defaults(config)  # widths the live config left unset, as it derives them
-    except InputError:
-        pass  # a contradiction the running Megatron accepted: its widths stay as read
-    return config
-
-
-_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads")
-_READ_BY_RULES = ("mtp_num_layers", "mtp_use_repeated_layer", "use_megatron_fsdp",
-                  "data_parallel_sharding_strategy", "fp8_output_proj",
-                  "gradient_accumulation_fusion", "disable_parameter_transpose_cache", "fp8",
-                  "fp4", "use_kitchen",
-                  # Widths: the fix line prices its remedies at the run's own sizes.
-                  "ffn_hidden_size", "num_query_groups", "kv_channels", "gated_linear_unit",
-                  "num_moe_experts", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-                  "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
-                  "qk_pos_emb_head_dim", "v_head_dim")
 
 
 def merged_observation(parts: list[dict[str, Any]]) -> Observation:
@@ -233,6 +197,6 @@ def _write_file(options: Any, data: dict[str, Any]) -> None:
 
 
 def _rank() -> int:
-    from qaudit.guard.session import rank
+    from qaudit.guard.context import rank
 
     return rank()
