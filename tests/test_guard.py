@@ -14,7 +14,8 @@ import torch
 
 from qaudit.guard import launch
 from qaudit.guard.session import EXIT_GUARD_FAILED, EXIT_STOPPED, GuardOptions
-from qaudit.guard.verdict import build_report, model_config
+from qaudit.guard.context import model_config
+from qaudit.guard.verdict import build_report
 from qaudit.run.observe import LiveObserver
 
 REPO = Path(__file__).resolve().parent.parent
