@@ -72,6 +72,9 @@ class Report:
     source: list[str] | None = None
     # The guard (qaudit/guard/verdict.py): what it watched, ranks, numeric checks, failures.
     guard: dict[str, Any] | None = None
+    # Modules inferred identical to an observed one (qaudit/run/inferred.py observation()):
+    # counts, and per class the observed expert and the inferred ones. None when all ran.
+    observation: dict[str, Any] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
@@ -107,6 +110,7 @@ class Report:
             **({"memory": self.memory} if self.memory is not None else {}),
             **({"gemm_shapes": self.gemm_shapes} if self.gemm_shapes is not None else {}),
             **({"guard": self.guard} if self.guard is not None else {}),
+            **({"observation": self.observation} if self.observation is not None else {}),
         }
 
 

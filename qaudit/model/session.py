@@ -17,3 +17,6 @@ class Session:
     recorder: Recorder = field(default_factory=Recorder)
     # The Transformer Engine behaviour audited for (qaudit/plan/upstream/te.py).
     te: TEBehaviour = field(default_factory=lambda: te_behaviour(NEWEST_TE))
+    # Identical sequential experts of a layer run once, the others inferred from it
+    # (docs/observed-once.md): set by the run stage when no value is read.
+    observe_once: bool = False

@@ -22,6 +22,8 @@ from qaudit.plan.upstream.te import TETarget, resolve_te
 from qaudit.run.cost import check_run_cost
 from qaudit.run.distributed import World, agreed, all_gather, processes_on_this_machine
 from qaudit.run.evidence import AuditFacts
+from qaudit.run.inferred import (add_inferred_records, inferred_classes, inferred_twins,
+                                 observation)
 from qaudit.run.options import AuditOptions
 from qaudit.run.rows import ModuleRow, accumulation_of, calls_per_microbatch, precision_of, tracked_of
 from qaudit.run.train import run_evaluation, run_training
@@ -41,6 +43,9 @@ class AuditRun:
     facts: AuditFacts
     snapshot: dict[str, torch.Tensor] | None
     memory: dict | None = None  # --full-size: what one rank holds (qaudit/run/memory.py)
+    # Modules inferred identical to an observed one, by class (qaudit/run/inferred.py);
+    # None when every module ran.
+    observation: dict | None = None
 
 
 def megatron_target(options: AuditOptions, config: ModelConfig | None = None) -> MegatronTarget:
@@ -107,6 +112,9 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
         return session, model, factories
 
     session, model, factories = agreed(options.world, build)
+    # Identical sequential experts run once per class where no value is read: what they
+    # record follows from what they are (docs/observed-once.md).
+    session.observe_once = options.observe_once and not _values_read(session.runtime)
     every_module = model.audited_modules()  # all stages', in upstream order
     order = [m.fqn for m in every_module]
     te_modules = [m.fqn for m in every_module if m.is_te]
@@ -146,13 +154,19 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
     records: dict[str, list[CallRecord]] = defaultdict(list)
     for record in session.recorder.calls:
         records[record.module].append(record)
+    twins = inferred_twins(model) if session.observe_once else {}
+    add_inferred_records(records, twins)
+    classes = inferred_classes(model) if twins else {}
     modules = model.audited_modules()  # under torchrun, this rank's stage only
     rearmed = policy.rearms(config)
     rows = {}
+    overwrite = {}
     for module in modules:
         own = records.get(module.fqn, [])
         quant_config = getattr(module, "quant_config", None)
-        frozen = bool(module.weights()) and not any(w.requires_grad for w in module.weights())
+        weights = module.weights()
+        frozen = bool(weights) and not any(w.requires_grad for w in weights)
+        overwrite[module.fqn] = any(getattr(p, "overwrite_main_grad", False) for p in weights[:1])
         rows[module.fqn] = ModuleRow(
             name=module.fqn, type=module.upstream_class, precision=_not_executed(precision_of(own)),
             recipe=quant_config.name if quant_config else "-",
@@ -161,11 +175,10 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
             calls_per_microbatch=calls_per_microbatch(own, grad=True),
             nograd_calls_per_microbatch=calls_per_microbatch(own, grad=False),
             stage=module.stage, chunk=module.chunk)
-    overwrite = {m.fqn: any(getattr(p, "overwrite_main_grad", False) for p in m.weights()[:1])
-                 for m in modules}
     records = dict(records)
     if runner is not None:  # every rank judges every stage's evidence
-        rows, records, overwrite = _merge_stages(all_gather((rows, records, overwrite)))
+        rows, records, overwrite, classes = _merge_stages(all_gather((rows, records, overwrite,
+                                                                      classes)))
     rows_in_order = [rows[name] for name in order]
     facts = AuditFacts(
         config=config, recipe=recipe, policy=policy, rows=rows_in_order, records=records,
@@ -174,7 +187,8 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
         custom_factories=factories, te_version=te.rule_version, built_widths=built_widths,
         te_shape_checks=shape_checks_for(session.runtime))
     return AuditRun(model=model, session=session, records=records, rows=rows_in_order, facts=facts,
-                    snapshot=snapshot or None, memory=memory)
+                    snapshot=snapshot or None, memory=memory,
+                    observation=observation(classes, order))
 
 
 # Settings only the reference runtime reproduces (docs/te-settings.md); the te runtime would
@@ -258,8 +272,8 @@ def check_config_runs_on_te(config: ModelConfig, te: TETarget) -> None:
                          f"{te.label()})", file=config.file, line=line, key="delay_wgrad_compute")
 
 
-def _merge_stages(per_rank: list[tuple[dict, dict, dict]]) -> tuple[dict, dict, dict]:
-    merged: tuple[dict, dict, dict] = ({}, {}, {})
+def _merge_stages(per_rank: list[tuple[dict, ...]]) -> tuple[dict, ...]:
+    merged: tuple[dict, ...] = tuple({} for _ in per_rank[0])
     for parts in per_rank:
         for into, part in zip(merged, parts):
             into.update(part)
