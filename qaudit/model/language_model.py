@@ -40,7 +40,10 @@ class LanguageModel(torch.nn.Module):
             if match:
                 chunk = chunk_of_layer[int(match.group(1))]
                 local = f"decoder.layers.{int(match.group(1)) - chunk.first_layer}.{match.group(2)}"
-            module.stage, module.chunk = chunk.stage, chunk.chunk
+            # Plain attributes, past nn.Module.__setattr__'s checks (tens of thousands of
+            # modules with sequential experts).
+            object.__setattr__(module, "stage", chunk.stage)
+            object.__setattr__(module, "chunk", chunk.chunk)
             module.finish_init(chunk_prefix(chunk, self.config) + local, recipe, match_name=local)
 
     def audited_modules(self) -> list[w.AuditedModule]:

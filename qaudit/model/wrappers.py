@@ -21,6 +21,7 @@ from qaudit.load.precision import Quant
 from qaudit.load.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
 from qaudit.runtime.protocol import GraphEmulating
 from qaudit.runtime.te_rules import weight_cache_use
+from qaudit.runtime.value_free import value_free_weight
 
 # Stands for "some quantized ambient context" when only a yes/no is known.
 _ANY_QUANT = Quant("fp8", "any")
@@ -213,12 +214,17 @@ class ColumnParallelLinear(AuditedModule):
         super().__init__(config, session)
         _set_plain(self, "fuse", config.gradient_accumulation_fusion and self.fused_wgrad)
         _set_plain(self, "wgrad_listener", None)
-        if own_weight:
-            weight = torch.empty(out_features, in_features)
+        if own_weight and not session.values_read:
+            weight = value_free_weight(out_features, in_features)
+        elif own_weight:
+            weight = torch.nn.Parameter(torch.empty(out_features, in_features))
             torch.nn.init.normal_(weight, std=in_features ** -0.5)
-            self.weight = torch.nn.Parameter(weight)
         else:
-            self.weight = None
+            weight = None
+        # Registered as nn.Module.register_parameter would, without its check that no other
+        # attribute is named `weight` (a failing hasattr through nn.Module.__getattr__: a
+        # second per 50,000 modules); this fresh module has none.
+        self._parameters["weight"] = weight
 
     def weights(self) -> list[torch.nn.Parameter]:
         return [self.weight] if self.weight is not None else []

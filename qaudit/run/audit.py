@@ -101,7 +101,11 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
             check_full_size_fits(config, processes_here=processes_on_this_machine(options.world))
         runtime = (_full_size_runtime(options, te) if options.full_size and not options.verify
                    else _runtime_for(config, options, te, recipe))
-        session = Session(runtime, policy, te=te.behaviour)
+        values = _values_read(runtime)
+        # Identical sequential experts run once per class where no value is read: what they
+        # record follows from what they are (docs/observed-once.md).
+        session = Session(runtime, policy, te=te.behaviour, values_read=values,
+                          observe_once=options.observe_once and not values)
         model = build_model(config, model_dims(config, options.full_size), session, recipe,
                             seed=options.seed)
         check_run_cost(model.audited_modules(), steps=options.steps,
@@ -112,9 +116,6 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
         return session, model, factories
 
     session, model, factories = agreed(options.world, build)
-    # Identical sequential experts run once per class where no value is read: what they
-    # record follows from what they are (docs/observed-once.md).
-    session.observe_once = options.observe_once and not _values_read(session.runtime)
     every_module = model.audited_modules()  # all stages', in upstream order
     order = [m.fqn for m in every_module]
     te_modules = [m.fqn for m in every_module if m.is_te]
@@ -150,7 +151,7 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
                      before_step=keep_last_step_weights,
                      microbatch_step=runner.train_microbatch if runner else None,
                      before_update=runner.sum_embedding_grads if runner else None,
-                     values=_values_read(session.runtime))
+                     values=session.values_read)
     records: dict[str, list[CallRecord]] = defaultdict(list)
     for record in session.recorder.calls:
         records[record.module].append(record)

@@ -37,17 +37,11 @@ def _audited(expert: torch.nn.Module) -> list[AuditedModule]:
 
 
 def add_inferred_records(records: dict[str, list[CallRecord]], twins: dict[str, str]) -> None:
-    """Each inferred module's records: its twin's, under its own name (a copy per record:
-    field by field, as dataclasses.replace would, without its per-call checks)."""
-    new = object.__new__
+    """Each inferred module's records are its twin's: the same list of the same records (each
+    still names the module that made the call, the observed one). Nothing changes a record
+    once the run is over; rows and rules read them by the name they are filed under."""
     for member, twin in twins.items():
-        copies = []
-        for record in records.get(twin, ()):
-            copy = new(CallRecord)
-            copy.__dict__.update(record.__dict__)
-            copy.module = member
-            copies.append(copy)
-        records[member] = copies
+        records[member] = records.get(twin, [])
 
 
 def inferred_classes(model: torch.nn.Module) -> dict[str, dict]:

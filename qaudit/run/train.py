@@ -19,6 +19,7 @@ import torch
 from qaudit.model.gpt import GPTModel
 from qaudit.model.probe import Recorder
 from qaudit.run.fsdp import NO_FSDP, FsdpGrads
+from qaudit.runtime.value_free import value_free_tensor
 
 LEARNING_RATE = 0.05
 
@@ -54,15 +55,18 @@ def run_backward_dw(model: torch.nn.Module,
 
 def attach_grad_buffers(model: torch.nn.Module, fsdp: FsdpGrads = NO_FSDP,
                         delayed: list[torch.nn.Module] | None = None,
-                        values: bool = True) -> list[torch.nn.Parameter]:
+                        values: bool = True, unwritten: bool = False) -> list[torch.nn.Parameter]:
     """`fsdp`: what Megatron-FSDP sets on the parameters (qaudit/run/fsdp.py). `delayed`: the
     model's `delayed_wgrad_modules`, when the caller has them already. `values` False (a run
     whose values nobody reads, as in `run_training`): the buffers are allocated, not zeroed,
     and the hooks add nothing into them. What reads a buffer then is its shape, dtype and
     identity only; the first touch of every page was most of the cost (0.6 s of DeepSeek-V3's
-    upstream cross-check build)."""
+    upstream cross-check build). `unwritten` too (qaudit's own value-free run, whose
+    reference runtime writes no buffer): each buffer holds one stored element
+    (qaudit/runtime/value_free.py), where upstream's stand-in kernels still write theirs."""
     params = [p for p in model.parameters() if p.requires_grad]
-    new_buffer = torch.zeros_like if values else torch.empty_like
+    new_buffer = (torch.zeros_like if values
+                  else _value_free_buffer if unwritten else torch.empty_like)
     hook = _ddp_hook if values else _drop_grad
     # Megatron DDP (distributed_data_parallel.py): a parameter TE marked
     # skip_backward_post_hook gets the hook through its module's wgrad hooks instead.
@@ -87,6 +91,12 @@ def attach_grad_buffers(model: torch.nn.Module, fsdp: FsdpGrads = NO_FSDP,
             # Reduce-scattered into the sharded gradient after every microbatch.
             param.sharded_grad = new_buffer(param)
     return params
+
+
+def _value_free_buffer(param: torch.Tensor) -> torch.Tensor:
+    """A buffer nothing writes or reads the values of: its shape, dtype and identity over one
+    stored element (qaudit/runtime/value_free.py)."""
+    return value_free_tensor(like=param)
 
 
 def zero_grad_buffer(params: list[torch.nn.Parameter], values: bool = True) -> None:
@@ -145,7 +155,8 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
     # Which modules delay their wgrad is fixed when they are built: walk the model once,
     # not after every microbatch.
     delayed = delayed_wgrad_modules(model)
-    params = attach_grad_buffers(model, fsdp, delayed=delayed, values=values)
+    params = attach_grad_buffers(model, fsdp, delayed=delayed, values=values,
+                                 unwritten=not values)
     microbatch_step = microbatch_step or _whole_model(model)
     batches = make_batches(model, microbatches, seed)
     model.train()
