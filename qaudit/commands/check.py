@@ -22,6 +22,7 @@ from qaudit.run.audit import (check_config_runs_on_te, effective_policy, megatro
                               run_audit, te_target)
 from qaudit.run.options import AuditOptions
 from qaudit.run.distributed import agreed
+from qaudit.run.gc_pause import built_objects_set_aside
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -98,7 +99,10 @@ def _with_verdicts(rows: list[ModuleRow], findings: list[Finding]) -> list[Modul
     for finding in findings:
         if finding.module and finding.severity != "info" and finding.rule not in verdicts[finding.module]:
             verdicts[finding.module].append(finding.rule)
-    return [replace(row, verdict=",".join(verdicts[row.name]) or "ok") for row in rows]
+    # A row whose verdict stays is kept as it is (most of them: a model with sequential
+    # experts has tens of thousands of rows).
+    return [row if (verdict := ",".join(verdicts.get(row.name, ())) or "ok") == row.verdict
+            else replace(row, verdict=verdict) for row in rows]
 
 
 def module_group(name: str) -> str:
@@ -129,7 +133,8 @@ def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
     threads = torch.get_num_threads()
     torch.set_num_threads(threads if options.full_size else 1)
     try:
-        return _audit_config(config, recipe, options)
+        with built_objects_set_aside():  # the built model stays frozen through the rules
+            return _audit_config(config, recipe, options)
     finally:
         torch.set_num_threads(threads)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from qaudit.errors import printable
@@ -97,7 +97,7 @@ class Report:
             "recipe": self.recipe,
             "steps": self.steps,
             "microbatches": self.microbatches,
-            "modules": [asdict(row) for row in self.modules],
+            "modules": [_row_dict(row) for row in self.modules],
             "findings": [asdict(f) for f in self.findings],
             "summary": {severity: counts.get(severity, 0) for severity in SEVERITIES},
             **({"policies": self.policies,
@@ -112,6 +112,15 @@ class Report:
             **({"guard": self.guard} if self.guard is not None else {}),
             **({"observation": self.observation} if self.observation is not None else {}),
         }
+
+
+_ROW_FIELDS = tuple(f.name for f in fields(ModuleRow))
+
+
+def _row_dict(row: ModuleRow) -> dict[str, Any]:
+    """asdict(row) for a row of plain values, without asdict's deep copy of each (a model with
+    sequential experts has tens of thousands of rows)."""
+    return {name: getattr(row, name) for name in _ROW_FIELDS}
 
 
 def _policy_names(policies: dict[str, dict[str, str]]) -> list[str]:

@@ -3,6 +3,7 @@ recorded; what it leaves (`AuditRun`) is the judge's evidence."""
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
@@ -22,8 +23,9 @@ from qaudit.plan.upstream.te import TETarget, resolve_te
 from qaudit.run.cost import check_run_cost
 from qaudit.run.distributed import World, agreed, all_gather, processes_on_this_machine
 from qaudit.run.evidence import AuditFacts
-from qaudit.run.inferred import (add_inferred_records, inferred_classes, inferred_twins,
-                                 observation)
+from qaudit.run.gc_pause import built_objects_set_aside, gc_paused
+from qaudit.run.inferred import (add_inferred_records, form_classes, inferred_classes,
+                                 inferred_twins, observation, unrun_parameters)
 from qaudit.run.options import AuditOptions
 from qaudit.run.rows import ModuleRow, accumulation_of, calls_per_microbatch, precision_of, tracked_of
 from qaudit.run.train import run_evaluation, run_training
@@ -74,14 +76,17 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
               policy_name: str | None = None) -> AuditRun:
     try:
         try:
-            return _run_audit(config, recipe, options, policy_name)
+            with built_objects_set_aside():
+                return _run_audit(config, recipe, options, policy_name)
         except EnvironmentProblem as exc:
             # --runtime auto chose te (e.g. TE's Python on the CPU stand-in), and TE cannot run a
             # recipe of this config here: the reference audits it, and its runtime line says why.
             if options.runtime != "auto" or not str(exc).startswith("--runtime te: ") \
                     or options.world is not None:
                 raise
-            run = _run_audit(config, recipe, replace(options, runtime="reference"), policy_name)
+            with built_objects_set_aside():
+                run = _run_audit(config, recipe, replace(options, runtime="reference"),
+                                 policy_name)
             run.session.runtime.note = f"te not used: {str(exc)[len('--runtime te: '):]}"
             return run
     finally:
@@ -115,7 +120,9 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
         factories = _import_custom_factories(model, recipe, options) if options.allow_import else {}
         return session, model, factories
 
-    session, model, factories = agreed(options.world, build)
+    with gc_paused():  # construction makes no garbage to collect
+        session, model, factories = agreed(options.world, build)
+    gc.freeze()  # the model lives through the run: later collections need not walk it again
     every_module = model.audited_modules()  # all stages', in upstream order
     order = [m.fqn for m in every_module]
     te_modules = [m.fqn for m in every_module if m.is_te]
@@ -137,6 +144,7 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
 
         runner = StageRunner(model, options.world.rank)
     snapshot: dict[str, torch.Tensor] = {}
+    expert_layers = form_classes(model) if session.observe_once else []
 
     def keep_last_step_weights(step: int) -> None:
         if options.verify and step == options.steps - 1:
@@ -151,13 +159,13 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
                      before_step=keep_last_step_weights,
                      microbatch_step=runner.train_microbatch if runner else None,
                      before_update=runner.sum_embedding_grads if runner else None,
-                     values=session.values_read)
+                     values=session.values_read, unrun=unrun_parameters(expert_layers))
     records: dict[str, list[CallRecord]] = defaultdict(list)
     for record in session.recorder.calls:
         records[record.module].append(record)
-    twins = inferred_twins(model) if session.observe_once else {}
+    twins = inferred_twins(expert_layers)
     add_inferred_records(records, twins)
-    classes = inferred_classes(model) if twins else {}
+    classes = inferred_classes(expert_layers)
     modules = model.audited_modules()  # under torchrun, this rank's stage only
     rearmed = policy.rearms(config)
     rows = {}
@@ -176,6 +184,8 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
             calls_per_microbatch=calls_per_microbatch(own, grad=True),
             nograd_calls_per_microbatch=calls_per_microbatch(own, grad=False),
             stage=module.stage, chunk=module.chunk)
+    for member, twin in twins.items():  # an inferred module's parameters got no attributes
+        overwrite[member] = overwrite[twin]
     records = dict(records)
     if runner is not None:  # every rank judges every stage's evidence
         rows, records, overwrite, classes = _merge_stages(all_gather((rows, records, overwrite,

@@ -1,7 +1,7 @@
 """The modules observed once for their class, and the ones inferred from them
-(docs/observed-once.md): each inferred module gets its observed twin's records under its own
-name, so that its row and every rule see what the twin recorded, and the report says which
-modules were inferred and from which."""
+(docs/observed-once.md): each inferred module is filed with its observed twin's records, so
+that its row and every rule see what the twin recorded, and the report says which modules
+were inferred and from which."""
 
 from __future__ import annotations
 
@@ -17,14 +17,29 @@ from qaudit.model.wrappers import AuditedModule
 _EXPERT = re.compile(r"(.*\.local_experts\.\d+)\.")
 
 
-def inferred_twins(model: torch.nn.Module) -> dict[str, str]:
+def form_classes(model: torch.nn.Module) -> list[SequentialExperts]:
+    """Group each sequential-expert layer's experts into classes of identical ones, before
+    the run (qaudit/model/identical.py); the layers, model order. Under torchrun the model
+    holds this rank's stage only."""
+    layers = [m for m in model.modules() if isinstance(m, SequentialExperts)]
+    for layer in layers:
+        layer.form_classes()
+    return layers
+
+
+def unrun_parameters(layers: list[SequentialExperts]) -> set[int]:
+    """The ids of the inferred experts' parameters: they never run, so the training loop gives
+    them no gradient buffer or hook (nothing reads one; their rows come from the twin's)."""
+    return {id(p) for layer in layers for group in layer.classes for index in group.inferred
+            for p in layer.local_experts[index].parameters()}
+
+
+def inferred_twins(layers: list[SequentialExperts]) -> dict[str, str]:
     """Every inferred audited module's name -> the observed module it copies, model order."""
     twins: dict[str, str] = {}
-    for module in model.modules():
-        if not isinstance(module, SequentialExperts) or module.classes is None:
-            continue
-        experts = module.local_experts
-        for group in module.classes:
+    for layer in layers:
+        experts = layer.local_experts
+        for group in layer.classes:
             observed = [m.fqn for m in _audited(experts[group.observed])]
             for index in group.inferred:
                 members = [m.fqn for m in _audited(experts[index])]
@@ -44,16 +59,14 @@ def add_inferred_records(records: dict[str, list[CallRecord]], twins: dict[str, 
         records[member] = records.get(twin, [])
 
 
-def inferred_classes(model: torch.nn.Module) -> dict[str, dict]:
+def inferred_classes(layers: list[SequentialExperts]) -> dict[str, dict]:
     """Per class with inferred members, keyed by its observed expert's name: the experts
     inferred from it (`...local_experts.[1-383]`), how many, and how many rows they are."""
     classes = {}
-    for module in model.modules():
-        if not isinstance(module, SequentialExperts) or module.classes is None:
-            continue
-        experts = module.local_experts
+    for layer in layers:
+        experts = layer.local_experts
         prefix = _expert_name(experts[0])
-        for group in module.classes:
+        for group in layer.classes:
             if group.inferred:
                 classes[f"{prefix}.{group.observed}"] = {
                     "inferred": f"{prefix}.{_index_set(group.inferred)}",

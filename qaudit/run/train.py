@@ -12,7 +12,7 @@ GEMM runs after the microbatch's backward; `--freeze-all-layers` trains forward-
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 
@@ -55,7 +55,8 @@ def run_backward_dw(model: torch.nn.Module,
 
 def attach_grad_buffers(model: torch.nn.Module, fsdp: FsdpGrads = NO_FSDP,
                         delayed: list[torch.nn.Module] | None = None,
-                        values: bool = True, unwritten: bool = False) -> list[torch.nn.Parameter]:
+                        values: bool = True, unwritten: bool = False,
+                        unrun: Collection[int] = ()) -> list[torch.nn.Parameter]:
     """`fsdp`: what Megatron-FSDP sets on the parameters (qaudit/run/fsdp.py). `delayed`: the
     model's `delayed_wgrad_modules`, when the caller has them already. `values` False (a run
     whose values nobody reads, as in `run_training`): the buffers are allocated, not zeroed,
@@ -63,8 +64,9 @@ def attach_grad_buffers(model: torch.nn.Module, fsdp: FsdpGrads = NO_FSDP,
     identity only; the first touch of every page was most of the cost (0.6 s of DeepSeek-V3's
     upstream cross-check build). `unwritten` too (qaudit's own value-free run, whose
     reference runtime writes no buffer): each buffer holds one stored element
-    (qaudit/runtime/value_free.py), where upstream's stand-in kernels still write theirs."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    (qaudit/runtime/value_free.py), where upstream's stand-in kernels still write theirs.
+    `unrun`: ids of parameters left out (run_training's)."""
+    params = [p for p in model.parameters() if p.requires_grad and id(p) not in unrun]
     new_buffer = (torch.zeros_like if values
                   else _value_free_buffer if unwritten else torch.empty_like)
     hook = _ddp_hook if values else _drop_grad
@@ -73,7 +75,8 @@ def attach_grad_buffers(model: torch.nn.Module, fsdp: FsdpGrads = NO_FSDP,
     hooked_by_module: set[int] = set()
     for module in delayed_wgrad_modules(model) if delayed is None else delayed:
         for param in module.parameters():
-            if param.requires_grad and getattr(param, "skip_backward_post_hook", False):
+            if param.requires_grad and getattr(param, "skip_backward_post_hook", False) \
+                    and id(param) not in unrun:
                 module.register_wgrad_accumulation_and_reduce_hooks(
                     lambda param=param: hook(param))
                 hooked_by_module.add(id(param))
@@ -145,18 +148,20 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
                  seed: int = 0, before_step: Callable[[int], None] | None = None,
                  microbatch_step: MicrobatchStep | None = None,
                  before_update: Callable[[list[torch.nn.Parameter]], None] | None = None,
-                 values: bool = True) -> None:
+                 values: bool = True, unrun: Collection[int] = ()) -> None:
     """`before_update` sees the step's gradients before the weights change (a pipeline's
     embedding copies sum theirs there). `values` False, for a run whose values nobody reads
     (the reference runtime without --verify: every call, flag, workspace event and wgrad
-    decision is the same either way): no buffer is zeroed or drained, no weight updated."""
+    decision is the same either way): no buffer is zeroed or drained, no weight updated.
+    `unrun`: ids of parameters whose modules are inferred, never run (docs/observed-once.md):
+    no buffer or hook for them."""
     config = model.config
     fsdp = FsdpGrads.of(config.use_megatron_fsdp, config.data_parallel_sharding_strategy)
     # Which modules delay their wgrad is fixed when they are built: walk the model once,
     # not after every microbatch.
     delayed = delayed_wgrad_modules(model)
     params = attach_grad_buffers(model, fsdp, delayed=delayed, values=values,
-                                 unwritten=not values)
+                                 unwritten=not values, unrun=unrun)
     microbatch_step = microbatch_step or _whole_model(model)
     batches = make_batches(model, microbatches, seed)
     model.train()
