@@ -27,6 +27,7 @@ import torch
 # attribute of its own, compared.
 _NAMES = frozenset({"fqn", "match_name"})
 _SCALARS = frozenset({bool, int, float, complex, str, bytes, type(None)})
+_TENSOR_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
 _CONTAINERS = frozenset({dict, collections.OrderedDict, list, tuple, set, frozenset})
 
 
@@ -80,7 +81,9 @@ def _same(a: Any, b: Any, seen: set[tuple[int, int]]) -> bool:
         if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device \
                 or a.requires_grad != b.requires_grad:
             return False
-        return _same_attributes(a.__dict__, b.__dict__, seen)
+        # A tensor's hook tables live in its C++ object, not in its __dict__.
+        return all(_same(getattr(a, table), getattr(b, table), seen) for table in _TENSOR_HOOKS) \
+            and _same_attributes(a.__dict__, b.__dict__, seen)
     if isinstance(a, torch.nn.Module):
         return _same_attributes(a.__dict__, b.__dict__, seen)
     if isinstance(a, dict):
