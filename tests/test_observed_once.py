@@ -258,3 +258,16 @@ def test_the_built_model_is_unfrozen_after_the_audit(write_yaml):
     """The model is frozen out of the collector's sight during the audit only."""
     audit_files(write_yaml("c.yaml", TE_SEQUENTIAL))
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.slow  # a forked Megatron build per config
+@pytest.mark.parametrize("spec", ["te", "modelopt"])
+def test_megatrons_own_run_agrees_with_the_inferred_rows(spec, megatron, write_yaml):
+    """--cross-check builds the same config with the installed Megatron, where every expert
+    runs: the rows qaudit inferred compare with 0 differences."""
+    path = write_yaml("c.yaml", TE_SEQUENTIAL) if spec == "te" else modelopt_conf(write_yaml)
+    report = audit_files(path, None, AuditOptions(policy="legacy", cross_check=True))
+    result = report.cross_check
+    assert report.observation["modules_inferred"] == 28
+    assert result["ran"] and result["differences"] == []
+    assert result["modules_compared"] == len(report.modules)  # inferred rows included
