@@ -152,7 +152,8 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
     """`before_update` sees the step's gradients before the weights change (a pipeline's
     embedding copies sum theirs there). `values` False, for a run whose values nobody reads
     (the reference runtime without --verify: every call, flag, workspace event and wgrad
-    decision is the same either way): no buffer is zeroed or drained, no weight updated.
+    decision is the same either way): no buffer is zeroed, drained or summed, no weight
+    updated.
     `unrun`: ids of parameters whose modules are inferred, never run (docs/observed-once.md):
     no buffer or hook for them."""
     config = model.config
@@ -178,7 +179,9 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
             run_backward_dw(model, delayed)
             if fsdp.drained_each_backward and values:
                 drain_into_sharded_grads(params)
-        if before_update is not None:
+        if before_update is not None and values:
+            # Summing gradients (a pipeline's embedding copies) reads and writes values: a
+            # value-free run's buffers hold one element (every rank skips it alike).
             before_update(params)
         if values:
             apply_update(params)
