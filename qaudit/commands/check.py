@@ -23,6 +23,7 @@ from qaudit.run.audit import (check_config_runs_on_te, effective_policy, megatro
                               run_audit, te_target)
 from qaudit.run.options import AuditOptions
 from qaudit.run.distributed import agreed
+from qaudit.run.gc_pause import built_objects_set_aside
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -101,7 +102,10 @@ def _with_verdicts(rows: list[ModuleRow], findings: list[Finding]) -> list[Modul
     for finding in findings:
         if finding.module and finding.severity != "info" and finding.rule not in verdicts[finding.module]:
             verdicts[finding.module].append(finding.rule)
-    return [replace(row, verdict=",".join(verdicts[row.name]) or "ok") for row in rows]
+    # A row whose verdict stays is kept as it is (most of them: a model with sequential
+    # experts has tens of thousands of rows).
+    return [row if (verdict := ",".join(verdicts.get(row.name, ())) or "ok") == row.verdict
+            else replace(row, verdict=verdict) for row in rows]
 
 
 def module_group(name: str) -> str:
@@ -132,7 +136,8 @@ def audit_config(config: ModelConfig, recipe: QuantRecipe | None,
     threads = torch.get_num_threads()
     torch.set_num_threads(threads if options.full_size else 1)
     try:
-        return _audit_config(config, recipe, options)
+        with built_objects_set_aside():  # the built model stays frozen through the rules
+            return _audit_config(config, recipe, options)
     finally:
         torch.set_num_threads(threads)
 
@@ -172,6 +177,7 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
     if run.facts.cross_check is not None:
         report.cross_check = run.facts.cross_check.to_dict()
     report.memory = run.memory
+    report.observation = run.observation
     report.gemm_shapes = gemm_shapes(run.facts)
     if options.compare_policies:
         report.policies = compare_policies(config, recipe, options, rows)

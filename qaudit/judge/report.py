@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from qaudit.errors import printable
@@ -72,6 +72,9 @@ class Report:
     source: list[str] | None = None
     # The guard (qaudit/guard/verdict.py): what it watched, ranks, numeric checks, failures.
     guard: dict[str, Any] | None = None
+    # Modules inferred identical to an observed one (qaudit/run/inferred.py observation()):
+    # counts, and per class the observed expert and the inferred ones. None when all ran.
+    observation: dict[str, Any] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
@@ -94,7 +97,7 @@ class Report:
             "recipe": self.recipe,
             "steps": self.steps,
             "microbatches": self.microbatches,
-            "modules": [asdict(row) for row in self.modules],
+            "modules": [_row_dict(row) for row in self.modules],
             "findings": [asdict(f) for f in self.findings],
             "summary": {severity: counts.get(severity, 0) for severity in SEVERITIES},
             **({"policies": self.policies,
@@ -107,7 +110,17 @@ class Report:
             **({"memory": self.memory} if self.memory is not None else {}),
             **({"gemm_shapes": self.gemm_shapes} if self.gemm_shapes is not None else {}),
             **({"guard": self.guard} if self.guard is not None else {}),
+            **({"observation": self.observation} if self.observation is not None else {}),
         }
+
+
+_ROW_FIELDS = tuple(f.name for f in fields(ModuleRow))
+
+
+def _row_dict(row: ModuleRow) -> dict[str, Any]:
+    """asdict(row) for a row of plain values, without asdict's deep copy of each (a model with
+    sequential experts has tens of thousands of rows)."""
+    return {name: getattr(row, name) for name in _ROW_FIELDS}
 
 
 def _policy_names(policies: dict[str, dict[str, str]]) -> list[str]:

@@ -172,5 +172,6 @@ def build_model(config: ModelConfig, dims: Dims, session: Session,
         model = model_class(config, dims, session)
     model.finish_init(recipe)
     # Built on CPU (same seeded weights on every device), then moved to the runtime's device;
-    # TE modules are created on CUDA already.
-    return model.to(model.device)
+    # TE modules are created on CUDA already. On the CPU there is nothing to move (and the
+    # walk over every tensor costs a second per 50,000 modules).
+    return model if model.device.type == "cpu" else model.to(model.device)

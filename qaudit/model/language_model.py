@@ -40,7 +40,10 @@ class LanguageModel(torch.nn.Module):
             if match:
                 chunk = chunk_of_layer[int(match.group(1))]
                 local = f"decoder.layers.{int(match.group(1)) - chunk.first_layer}.{match.group(2)}"
-            module.stage, module.chunk = chunk.stage, chunk.chunk
+            # Plain attributes, past nn.Module.__setattr__'s checks (tens of thousands of
+            # modules with sequential experts).
+            object.__setattr__(module, "stage", chunk.stage)
+            object.__setattr__(module, "chunk", chunk.chunk)
             module.finish_init(chunk_prefix(chunk, self.config) + local, recipe, match_name=local)
 
     def audited_modules(self) -> list[w.AuditedModule]:
@@ -51,7 +54,10 @@ class LanguageModel(torch.nn.Module):
         if not self.policy.rearms(self.config):
             return
         if self._armed_modules is None:
-            self._armed_modules = [m for m in self.modules() if hasattr(m, "is_first_microbatch")]
+            # The flag is a plain attribute of the modules that have one: looked up in their
+            # own dict (hasattr on a module without it raises through nn.Module.__getattr__,
+            # a second per 70,000 modules).
+            self._armed_modules = [m for m in self.modules() if "is_first_microbatch" in vars(m)]
         for module in self._armed_modules:
             module.is_first_microbatch = True
 

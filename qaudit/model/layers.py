@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from qaudit.load.config import ModelConfig
 from qaudit.model import wrappers as w
 from qaudit.plan.dims import Dims
+from qaudit.model.identical import ExpertClass, expert_classes
 from qaudit.model.mla import FusedMLASelfAttention, MLASelfAttention
 from qaudit.model.recompute import checkpointed
 from qaudit.model.session import Session
@@ -163,16 +164,42 @@ class GroupedExperts(torch.nn.Module):
 
 
 class SequentialExperts(torch.nn.Module):
-    """SequentialMLP: one TE MLP per local expert, each called once per microbatch."""
+    """SequentialMLP: one TE MLP per local expert, each called once per microbatch.
+
+    When the session observes identical modules once (no value is read), the experts are
+    grouped into classes of identical ones before the run (qaudit/model/identical.py; at the
+    first forward at the latest) and only each class's first member runs, on the tokens of
+    the whole class; the run stage gives the others its records (docs/observed-once.md)."""
 
     def __init__(self, b: Builder, num_experts: int, model_width: int) -> None:
         super().__init__()
+        self.session = b.session
         self.local_experts = torch.nn.ModuleList(ExpertMLP(b, b.dims.moe_ffn, model_width)
                                                  for _ in range(num_experts))
+        self.classes: list[ExpertClass] | None = None  # set by form_classes
+
+    def form_classes(self) -> list[ExpertClass]:
+        if self.classes is None:
+            self.classes = expert_classes(list(self.local_experts))
+        return self.classes
 
     def forward(self, tokens: torch.Tensor, m_splits: list[int]) -> torch.Tensor:
-        chunks = torch.split(tokens, m_splits)
-        return torch.cat([expert(chunk) for expert, chunk in zip(self.local_experts, chunks)])
+        if not self.session.observe_once:
+            chunks = torch.split(tokens, m_splits)
+            return torch.cat([expert(chunk) for expert, chunk in zip(self.local_experts, chunks)])
+        classes = self.form_classes()
+        if len(classes) == 1:
+            return self.local_experts[classes[0].observed](tokens)
+        # Each class's representative takes the rows of all its members, in place.
+        rows = _expert_rows(m_splits, tokens.device)
+        out = None
+        for group in classes:
+            taken = torch.isin(rows, torch.tensor(group.members, device=tokens.device))
+            part = self.local_experts[group.observed](tokens[taken])
+            if out is None:
+                out = part.new_zeros(tokens.shape[:-1] + part.shape[-1:])
+            out[taken] = part
+        return out
 
 
 class MoELayer(torch.nn.Module):
@@ -218,6 +245,12 @@ class MoELayer(torch.nn.Module):
             else:
                 out = out + self.shared_experts(flat)
         return out.reshape(shape)
+
+
+def _expert_rows(m_splits: list[int], device: torch.device) -> torch.Tensor:
+    """Each routed row's expert index."""
+    return torch.repeat_interleave(torch.arange(len(m_splits), device=device),
+                                   torch.tensor(m_splits, device=device))
 
 
 def _tokens_per_expert(experts: torch.Tensor, num_experts: int) -> list[int]:

@@ -17,3 +17,9 @@ class Session:
     recorder: Recorder = field(default_factory=Recorder)
     # The Transformer Engine behaviour audited for (qaudit/plan/upstream/te.py).
     te: TEBehaviour = field(default_factory=lambda: te_behaviour(NEWEST_TE))
+    # Whether anything reads the run's tensor values (--verify on the reference runtime, and
+    # every other runtime): without, weights hold no values (qaudit/runtime/value_free.py).
+    values_read: bool = True
+    # Identical sequential experts of a layer run once, the others inferred from it
+    # (docs/observed-once.md): only where no value is read.
+    observe_once: bool = False

@@ -21,6 +21,7 @@ from qaudit.load.precision import Quant
 from qaudit.load.recipe import Matcher, QuantConfig, QuantRecipe, TERecipe
 from qaudit.runtime.protocol import GraphEmulating
 from qaudit.runtime.te_rules import weight_cache_use
+from qaudit.runtime.value_free import value_free_weight
 
 # Stands for "some quantized ambient context" when only a yes/no is known.
 _ANY_QUANT = Quant("fp8", "any")
@@ -37,11 +38,14 @@ class AuditedModule(torch.nn.Module):
 
     def __init__(self, config: ModelConfig, session: Session) -> None:
         super().__init__()
-        self.config = config
-        self.session = session
-        self.fqn = ""  # unique row name: the chunk-local name, with a stage prefix if pipelined
-        self.match_name = ""  # the name recipes match: local to the model chunk
-        self.stage = self.chunk = 0
+        # Plain attributes are set past nn.Module.__setattr__ (no parameter or submodule among
+        # them): models with sequential experts build tens of thousands of these modules.
+        _set_plain(self, "config", config)
+        _set_plain(self, "session", session)
+        _set_plain(self, "fqn", "")  # unique row name: the chunk-local name, with a stage prefix if pipelined
+        _set_plain(self, "match_name", "")  # the name recipes match: local to the model chunk
+        _set_plain(self, "stage", 0)
+        _set_plain(self, "chunk", 0)
 
     def _record(self, flag: bool | None, inner: torch.nn.Module | None,
                 run: Callable[[], torch.Tensor], ambient: Quant | None = None,
@@ -70,13 +74,16 @@ class TEWrapper(AuditedModule):
     def __init__(self, inner: torch.nn.Module, config: ModelConfig, session: Session) -> None:
         super().__init__(config, session)
         self.inner = inner
-        self.is_first_microbatch = True
-        self.disable_parameter_transpose_cache = config.disable_parameter_transpose_cache
-        self.matcher: Matcher | None = None
-        self.quant_config: QuantConfig | None = None
-        self.graphed = False  # inside a per-layer CUDA graph (set by finish_init)
-        # Decided at the first quantized forward (fp8_param/fp4_param: docs/te-settings.md).
-        self.primary_quantized_weight: bool | None = None
+        for name, value in (
+                ("is_first_microbatch", True),
+                ("disable_parameter_transpose_cache", config.disable_parameter_transpose_cache),
+                ("matcher", None),  # Matcher | None
+                ("quant_config", None),  # QuantConfig | None
+                ("graphed", False),  # inside a per-layer CUDA graph (set by finish_init)
+                # Decided at the first quantized forward (fp8_param/fp4_param:
+                # docs/te-settings.md).
+                ("primary_quantized_weight", None)):  # bool | None
+            _set_plain(self, name, value)
         # Megatron passes delay_wgrad_compute to every TE linear but the TE LM head.
         if config.delay_wgrad_compute and self.upstream_class != "TELMHeadColumnParallelLinear":
             inner.enable_delay_wgrad_compute()
@@ -84,8 +91,9 @@ class TEWrapper(AuditedModule):
     def finish_init(self, fqn: str, recipe: QuantRecipe | None, match_name: str | None = None) -> None:
         """Bind name and recipe after construction, as GPTModel's walk does upstream; recipes
         see `match_name`, the name inside the model chunk."""
-        self.fqn, self.match_name = fqn, match_name or fqn
-        self.graphed = is_graphed(self.config, self.match_name)
+        _set_plain(self, "fqn", fqn)
+        _set_plain(self, "match_name", match_name or fqn)
+        _set_plain(self, "graphed", is_graphed(self.config, self.match_name))
         if recipe is not None:
             self.matcher = recipe.match(self.match_name)
             if self.matcher is not None:
@@ -204,14 +212,19 @@ class ColumnParallelLinear(AuditedModule):
     def __init__(self, in_features: int, out_features: int, config: ModelConfig,
                  session: Session, own_weight: bool = True) -> None:
         super().__init__(config, session)
-        self.fuse = config.gradient_accumulation_fusion and self.fused_wgrad
-        self.wgrad_listener = None
-        if own_weight:
-            weight = torch.empty(out_features, in_features)
+        _set_plain(self, "fuse", config.gradient_accumulation_fusion and self.fused_wgrad)
+        _set_plain(self, "wgrad_listener", None)
+        if own_weight and not session.values_read:
+            weight = value_free_weight(out_features, in_features)
+        elif own_weight:
+            weight = torch.nn.Parameter(torch.empty(out_features, in_features))
             torch.nn.init.normal_(weight, std=in_features ** -0.5)
-            self.weight = torch.nn.Parameter(weight)
         else:
-            self.weight = None
+            weight = None
+        # Registered as nn.Module.register_parameter would, without its check that no other
+        # attribute is named `weight` (a failing hasattr through nn.Module.__getattr__: a
+        # second per 50,000 modules); this fresh module has none.
+        self._parameters["weight"] = weight
 
     def weights(self) -> list[torch.nn.Parameter]:
         return [self.weight] if self.weight is not None else []
@@ -228,7 +241,8 @@ class ColumnParallelLinear(AuditedModule):
             return self._record(None, None, run)
 
     def finish_init(self, fqn: str, recipe: QuantRecipe | None, match_name: str | None = None) -> None:
-        self.fqn, self.match_name = fqn, match_name or fqn  # never bound: not a TE module
+        _set_plain(self, "fqn", fqn)  # never bound: not a TE module
+        _set_plain(self, "match_name", match_name or fqn)
 
 
 class RowParallelLinear(ColumnParallelLinear):

@@ -486,6 +486,18 @@ def memory_line(report: Report) -> str | None:
             f"{memory['parameters'] / 1e9:,.2f} B parameters; " + ", ".join(parts))
 
 
+def observation_line(report: Report) -> str | None:
+    """Modules inferred identical to an observed one (docs/observed-once.md)."""
+    observation = getattr(report, "observation", None)
+    if not observation:
+        return None
+    classes = observation["classes"]
+    return (f"observed once: {observation['modules_inferred']:,} modules of "
+            f"{sum(c['experts'] for c in classes):,} sequential experts inferred identical to "
+            f"the expert observed in their class ({len(classes):,} classes; "
+            f"{observation['modules_observed']:,} modules observed; docs/observed-once.md)")
+
+
 SHAPE_HEADERS = ["modules", "n", "precision", "M", "K", "N"]
 
 

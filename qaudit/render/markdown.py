@@ -9,9 +9,9 @@ import re
 
 from qaudit.render.common import (SHAPE_HEADERS, calls_text, collapse_names, cross_check_line,
                                   format_error, group_findings, group_rows, location,
-                                  megatron_text, memory_line, policy_text, severity_counts,
-                                  shape_rows, shape_title, short_type, summary_counts,
-                                  suppressed_findings, te_text)
+                                  megatron_text, memory_line, observation_line, policy_text,
+                                  severity_counts, shape_rows, shape_title, short_type,
+                                  summary_counts, suppressed_findings, te_text)
 from qaudit.errors import printable
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
@@ -175,6 +175,9 @@ def render_markdown(report: Report, exit_code: int, *, expand: bool = False) -> 
     memory = memory_line(report)
     if memory:
         lines.extend([escape(memory), ""])
+    observation = observation_line(report)
+    if observation:
+        lines.extend([escape(observation), ""])
     if report.findings:
         lines.extend(_findings(report, expand) + [""])
     suppressed = suppressed_findings(report)

@@ -18,8 +18,9 @@ from qaudit.judge.report import SEVERITIES
 from qaudit.render.common import (SHAPE_HEADERS, FindingGroup, RowGroup, calls_text,
                                   collapse_rows, compress_names, cross_check_line, format_error,
                                   group_findings, location, megatron_text, memory_line,
-                                  policy_text, shape_rows, shape_title, short_type, source_lines,
-                                  summary_line, suppressed_findings, te_text)
+                                  observation_line, policy_text, shape_rows, shape_title,
+                                  short_type, source_lines, summary_line, suppressed_findings,
+                                  te_text)
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
 
@@ -68,6 +69,9 @@ def _header(report: Report, width: int) -> list[str]:
     memory = memory_line(report)
     if memory:
         lines.extend(_wrap(memory, width, "", "  "))
+    observation = observation_line(report)
+    if observation:
+        lines.extend(_wrap(observation, width, "", "  "))
     config = f"config: {printable(report.config)}"
     recipe = f"recipe: {report.recipe}" if report.recipe else ""
     if recipe and len(config) + 3 + len(recipe) <= width:

@@ -3,6 +3,7 @@ recorded; what it leaves (`AuditRun`) is the judge's evidence."""
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
 from dataclasses import dataclass, replace
 
@@ -22,6 +23,9 @@ from qaudit.plan.upstream.te import TETarget, resolve_te
 from qaudit.run.cost import check_run_cost
 from qaudit.run.distributed import World, agreed, all_gather, processes_on_this_machine
 from qaudit.run.evidence import AuditFacts
+from qaudit.run.gc_pause import built_objects_set_aside, gc_paused
+from qaudit.run.inferred import (add_inferred_records, form_classes, inferred_classes,
+                                 inferred_twins, observation, unrun_parameters)
 from qaudit.run.options import AuditOptions
 from qaudit.run.rows import ModuleRow, accumulation_of, calls_per_microbatch, precision_of, tracked_of
 from qaudit.run.train import run_evaluation, run_training
@@ -41,6 +45,9 @@ class AuditRun:
     facts: AuditFacts
     snapshot: dict[str, torch.Tensor] | None
     memory: dict | None = None  # --full-size: what one rank holds (qaudit/run/memory.py)
+    # Modules inferred identical to an observed one, by class (qaudit/run/inferred.py);
+    # None when every module ran.
+    observation: dict | None = None
 
 
 def megatron_target(options: AuditOptions, config: ModelConfig | None = None) -> MegatronTarget:
@@ -69,14 +76,17 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
               policy_name: str | None = None) -> AuditRun:
     try:
         try:
-            return _run_audit(config, recipe, options, policy_name)
+            with built_objects_set_aside():
+                return _run_audit(config, recipe, options, policy_name)
         except EnvironmentProblem as exc:
             # --runtime auto chose te (e.g. TE's Python on the CPU stand-in), and TE cannot run a
             # recipe of this config here: the reference audits it, and its runtime line says why.
             if options.runtime != "auto" or not str(exc).startswith("--runtime te: ") \
                     or options.world is not None:
                 raise
-            run = _run_audit(config, recipe, replace(options, runtime="reference"), policy_name)
+            with built_objects_set_aside():
+                run = _run_audit(config, recipe, replace(options, runtime="reference"),
+                                 policy_name)
             run.session.runtime.note = f"te not used: {str(exc)[len('--runtime te: '):]}"
             return run
     finally:
@@ -96,7 +106,11 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
             check_full_size_fits(config, processes_here=processes_on_this_machine(options.world))
         runtime = (_full_size_runtime(options, te) if options.full_size and not options.verify
                    else _runtime_for(config, options, te, recipe))
-        session = Session(runtime, policy, te=te.behaviour)
+        values = _values_read(runtime)
+        # Identical sequential experts run once per class where no value is read: what they
+        # record follows from what they are (docs/observed-once.md).
+        session = Session(runtime, policy, te=te.behaviour, values_read=values,
+                          observe_once=options.observe_once and not values)
         model = build_model(config, model_dims(config, options.full_size), session, recipe,
                             seed=options.seed)
         check_run_cost(model.audited_modules(), steps=options.steps,
@@ -106,7 +120,9 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
         factories = _import_custom_factories(model, recipe, options) if options.allow_import else {}
         return session, model, factories
 
-    session, model, factories = agreed(options.world, build)
+    with gc_paused():  # construction makes no garbage to collect
+        session, model, factories = agreed(options.world, build)
+    gc.freeze()  # the model lives through the run: later collections need not walk it again
     every_module = model.audited_modules()  # all stages', in upstream order
     order = [m.fqn for m in every_module]
     te_modules = [m.fqn for m in every_module if m.is_te]
@@ -128,6 +144,7 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
 
         runner = StageRunner(model, options.world.rank)
     snapshot: dict[str, torch.Tensor] = {}
+    expert_layers = form_classes(model) if session.observe_once else []
 
     def keep_last_step_weights(step: int) -> None:
         if options.verify and step == options.steps - 1:
@@ -142,17 +159,23 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
                      before_step=keep_last_step_weights,
                      microbatch_step=runner.train_microbatch if runner else None,
                      before_update=runner.sum_embedding_grads if runner else None,
-                     values=_values_read(session.runtime))
+                     values=session.values_read, unrun=unrun_parameters(expert_layers))
     records: dict[str, list[CallRecord]] = defaultdict(list)
     for record in session.recorder.calls:
         records[record.module].append(record)
+    twins = inferred_twins(expert_layers)
+    add_inferred_records(records, twins)
+    classes = inferred_classes(expert_layers)
     modules = model.audited_modules()  # under torchrun, this rank's stage only
     rearmed = policy.rearms(config)
     rows = {}
+    overwrite = {}
     for module in modules:
         own = records.get(module.fqn, [])
         quant_config = getattr(module, "quant_config", None)
-        frozen = bool(module.weights()) and not any(w.requires_grad for w in module.weights())
+        weights = module.weights()
+        frozen = bool(weights) and not any(w.requires_grad for w in weights)
+        overwrite[module.fqn] = any(getattr(p, "overwrite_main_grad", False) for p in weights[:1])
         rows[module.fqn] = ModuleRow(
             name=module.fqn, type=module.upstream_class, precision=_not_executed(precision_of(own)),
             recipe=quant_config.name if quant_config else "-",
@@ -161,11 +184,12 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
             calls_per_microbatch=calls_per_microbatch(own, grad=True),
             nograd_calls_per_microbatch=calls_per_microbatch(own, grad=False),
             stage=module.stage, chunk=module.chunk)
-    overwrite = {m.fqn: any(getattr(p, "overwrite_main_grad", False) for p in m.weights()[:1])
-                 for m in modules}
+    for member, twin in twins.items():  # an inferred module's parameters got no attributes
+        overwrite[member] = overwrite[twin]
     records = dict(records)
     if runner is not None:  # every rank judges every stage's evidence
-        rows, records, overwrite = _merge_stages(all_gather((rows, records, overwrite)))
+        rows, records, overwrite, classes = _merge_stages(all_gather((rows, records, overwrite,
+                                                                      classes)))
     rows_in_order = [rows[name] for name in order]
     facts = AuditFacts(
         config=config, recipe=recipe, policy=policy, rows=rows_in_order, records=records,
@@ -174,7 +198,8 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
         custom_factories=factories, te_version=te.rule_version, built_widths=built_widths,
         te_shape_checks=shape_checks_for(session.runtime))
     return AuditRun(model=model, session=session, records=records, rows=rows_in_order, facts=facts,
-                    snapshot=snapshot or None, memory=memory)
+                    snapshot=snapshot or None, memory=memory,
+                    observation=observation(classes, order))
 
 
 # Settings only the reference runtime reproduces (docs/te-settings.md); the te runtime would
@@ -258,8 +283,8 @@ def check_config_runs_on_te(config: ModelConfig, te: TETarget) -> None:
                          f"{te.label()})", file=config.file, line=line, key="delay_wgrad_compute")
 
 
-def _merge_stages(per_rank: list[tuple[dict, dict, dict]]) -> tuple[dict, dict, dict]:
-    merged: tuple[dict, dict, dict] = ({}, {}, {})
+def _merge_stages(per_rank: list[tuple[dict, ...]]) -> tuple[dict, ...]:
+    merged: tuple[dict, ...] = tuple({} for _ in per_rank[0])
     for parts in per_rank:
         for into, part in zip(merged, parts):
             into.update(part)

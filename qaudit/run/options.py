@@ -48,3 +48,6 @@ class AuditOptions:
     cross_check_memory: int | None = 16384
     # --allow-long-audit: run even when the estimate is over qaudit.run.cost.MAX_SECONDS.
     allow_long_audit: bool = False
+    # Identical sequential experts of a layer are one observation where no value is read
+    # (docs/observed-once.md); False runs every expert (the Python API's, for comparison).
+    observe_once: bool = True

@@ -12,13 +12,14 @@ GEMM runs after the microbatch's backward; `--freeze-all-layers` trains forward-
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Collection
 
 import torch
 
 from qaudit.model.gpt import GPTModel
 from qaudit.model.probe import Recorder
 from qaudit.run.fsdp import NO_FSDP, FsdpGrads
+from qaudit.runtime.value_free import value_free_tensor
 
 LEARNING_RATE = 0.05
 
@@ -54,22 +55,28 @@ def run_backward_dw(model: torch.nn.Module,
 
 def attach_grad_buffers(model: torch.nn.Module, fsdp: FsdpGrads = NO_FSDP,
                         delayed: list[torch.nn.Module] | None = None,
-                        values: bool = True) -> list[torch.nn.Parameter]:
+                        values: bool = True, unwritten: bool = False,
+                        unrun: Collection[int] = ()) -> list[torch.nn.Parameter]:
     """`fsdp`: what Megatron-FSDP sets on the parameters (qaudit/run/fsdp.py). `delayed`: the
     model's `delayed_wgrad_modules`, when the caller has them already. `values` False (a run
     whose values nobody reads, as in `run_training`): the buffers are allocated, not zeroed,
     and the hooks add nothing into them. What reads a buffer then is its shape, dtype and
     identity only; the first touch of every page was most of the cost (0.6 s of DeepSeek-V3's
-    upstream cross-check build)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    new_buffer = torch.zeros_like if values else torch.empty_like
+    upstream cross-check build). `unwritten` too (qaudit's own value-free run, whose
+    reference runtime writes no buffer): each buffer holds one stored element
+    (qaudit/runtime/value_free.py), where upstream's stand-in kernels still write theirs.
+    `unrun`: ids of parameters left out (run_training's)."""
+    params = [p for p in model.parameters() if p.requires_grad and id(p) not in unrun]
+    new_buffer = (torch.zeros_like if values
+                  else _value_free_buffer if unwritten else torch.empty_like)
     hook = _ddp_hook if values else _drop_grad
     # Megatron DDP (distributed_data_parallel.py): a parameter TE marked
     # skip_backward_post_hook gets the hook through its module's wgrad hooks instead.
     hooked_by_module: set[int] = set()
     for module in delayed_wgrad_modules(model) if delayed is None else delayed:
         for param in module.parameters():
-            if param.requires_grad and getattr(param, "skip_backward_post_hook", False):
+            if param.requires_grad and getattr(param, "skip_backward_post_hook", False) \
+                    and id(param) not in unrun:
                 module.register_wgrad_accumulation_and_reduce_hooks(
                     lambda param=param: hook(param))
                 hooked_by_module.add(id(param))
@@ -87,6 +94,12 @@ def attach_grad_buffers(model: torch.nn.Module, fsdp: FsdpGrads = NO_FSDP,
             # Reduce-scattered into the sharded gradient after every microbatch.
             param.sharded_grad = new_buffer(param)
     return params
+
+
+def _value_free_buffer(param: torch.Tensor) -> torch.Tensor:
+    """A buffer nothing writes or reads the values of: its shape, dtype and identity over one
+    stored element (qaudit/runtime/value_free.py)."""
+    return value_free_tensor(like=param)
 
 
 def zero_grad_buffer(params: list[torch.nn.Parameter], values: bool = True) -> None:
@@ -135,17 +148,21 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
                  seed: int = 0, before_step: Callable[[int], None] | None = None,
                  microbatch_step: MicrobatchStep | None = None,
                  before_update: Callable[[list[torch.nn.Parameter]], None] | None = None,
-                 values: bool = True) -> None:
+                 values: bool = True, unrun: Collection[int] = ()) -> None:
     """`before_update` sees the step's gradients before the weights change (a pipeline's
     embedding copies sum theirs there). `values` False, for a run whose values nobody reads
     (the reference runtime without --verify: every call, flag, workspace event and wgrad
-    decision is the same either way): no buffer is zeroed or drained, no weight updated."""
+    decision is the same either way): no buffer is zeroed, drained or summed, no weight
+    updated.
+    `unrun`: ids of parameters whose modules are inferred, never run (docs/observed-once.md):
+    no buffer or hook for them."""
     config = model.config
     fsdp = FsdpGrads.of(config.use_megatron_fsdp, config.data_parallel_sharding_strategy)
     # Which modules delay their wgrad is fixed when they are built: walk the model once,
     # not after every microbatch.
     delayed = delayed_wgrad_modules(model)
-    params = attach_grad_buffers(model, fsdp, delayed=delayed, values=values)
+    params = attach_grad_buffers(model, fsdp, delayed=delayed, values=values,
+                                 unwritten=not values, unrun=unrun)
     microbatch_step = microbatch_step or _whole_model(model)
     batches = make_batches(model, microbatches, seed)
     model.train()
@@ -162,7 +179,9 @@ def run_training(model: GPTModel, recorder: Recorder, steps: int, microbatches: 
             run_backward_dw(model, delayed)
             if fsdp.drained_each_backward and values:
                 drain_into_sharded_grads(params)
-        if before_update is not None:
+        if before_update is not None and values:
+            # Summing gradients (a pipeline's embedding copies) reads and writes values: a
+            # value-free run's buffers hold one element (every rank skips it alike).
             before_update(params)
         if values:
             apply_update(params)

@@ -32,6 +32,7 @@ from qaudit.load.precision import Quant
 from qaudit.runtime.fakequant import fake_quantize
 from qaudit.runtime.protocol import WgradListener
 from qaudit.runtime.te_rules import WgradPlan, weight_cache_use, wgrad_plan
+from qaudit.runtime.value_free import value_free_weight
 
 
 # The innermost active autocast; None means high precision.
@@ -336,9 +337,10 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, meta: dict) -> torch.Tensor:
 
 def _init_weight(*shape: int, draw: bool = True) -> torch.nn.Parameter:
     """A weight drawn as TE's default init would scale it; `draw` False (no --verify: nothing
-    reads a weight's value) zeros instead, which skips the draw (most of a large build)."""
+    reads a weight's value) zeros over one stored element instead, which skips the draw (most
+    of a large build) and the memory (qaudit/runtime/value_free.py)."""
     if not draw:
-        return torch.nn.Parameter(torch.zeros(*shape))
+        return value_free_weight(*shape)
     weight = torch.empty(*shape)
     torch.nn.init.normal_(weight, std=shape[-1] ** -0.5)
     return torch.nn.Parameter(weight)
