@@ -19,6 +19,7 @@ from qaudit.load.sources.entry import Entry
 from qaudit.families import parts as family_parts
 from qaudit.load.sources.modelopt_flags import apply_modelopt, known_modelopt_flag, note_modelopt_flags
 from qaudit.load.sources.parser_refusals import refuse_unknown_options
+from qaudit.load.sources.startup_refusals import refuse_unconvertible_values, refuse_validate_args
 from qaudit.load.sources.megatron_flags import to_int
 from qaudit.load.sources.tokens import External
 from qaudit.load.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
@@ -97,6 +98,8 @@ class Translator:
     # --- the translation -------------------------------------------------------------------
     def run(self) -> Translation:
         refuse_unknown_options(self)  # argparse refuses before anything else runs
+        refuse_unconvertible_values(self)
+        refuse_validate_args(self)
         self.check_transformer_impl()
         for flag, occurrence in sorted(self.last.items(), key=lambda kv: kv[1].line or 0):
             if flag in self.modelled:
