@@ -22,7 +22,8 @@ from qaudit.load.bridge.overrides import Override
 
 EXAMPLE = "configs/bridge-lightning-mtp-bf16.yaml"
 
-# Bridge v0.6.0's MIXED_PRECISION_RECIPES (training/mixed_precision.py), underscore spelling.
+# Bridge 0.6.2's MIXED_PRECISION_RECIPES (training/mixed_precision.py), underscore spelling:
+# v0.6.0's 14 and nemotron_3_ultra_bf16_with_nvfp4_mixed.
 RELEASE_RECIPES = {
     "bf16_mixed", "fp16_mixed", "bf16_with_fp8_delayed_scaling_mixed",
     "fp16_with_fp8_delayed_scaling_mixed", "bf16_with_mxfp8_mixed", "fp16_with_mxfp8_mixed",
@@ -30,6 +31,7 @@ RELEASE_RECIPES = {
     "nanov2_bf16_with_fp8_current_scaling_mixed", "fp16_with_fp8_current_scaling_mixed",
     "bf16_with_fp8_subchannel_scaling_mixed", "fp16_with_fp8_subchannel_scaling_mixed",
     "bf16_with_nvfp4_mixed", "nemotron_3_super_bf16_with_nvfp4_mixed",
+    "nemotron_3_ultra_bf16_with_nvfp4_mixed",
 }
 # recipe -> (precision label of a quantized layer, BF16 layers at start, at end)
 QUANTIZED = {
@@ -45,6 +47,7 @@ QUANTIZED = {
     "fp16_with_fp8_subchannel_scaling_mixed": ("fp8/blockwise", 0, 0),
     "bf16_with_nvfp4_mixed": ("fp4/nvfp4", 0, 0),
     "nemotron_3_super_bf16_with_nvfp4_mixed": ("fp4/nvfp4", 0, 14),
+    "nemotron_3_ultra_bf16_with_nvfp4_mixed": ("fp4/nvfp4", 0, 16),
 }
 LAYERS = 16
 
