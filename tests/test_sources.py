@@ -544,7 +544,9 @@ def test_settings_shown_to_change_nothing_are_one_info_note_not_warnings(tmp_pat
 
     write_three_ways(tmp_path, {}, "--overlap-grad-reduce --overlap-param-gather "
                                    "--use-distributed-optimizer --temperature 1.0 --top_k 1 "
-                                   "--num-tokens-to-generate 30 --tp-comm-overlap",
+                                   "--num-tokens-to-generate 30 --tp-comm-overlap "
+                                   # what validate_args needs for TP comm overlap
+                                   "--tensor-model-parallel-size 2 --sequence-parallel",
                      entry="examples/inference/advanced/gpt_static_inference.py")
     report = audit_files(str(tmp_path / route), None, FAST)
     findings = report.to_dict()["findings"]
