@@ -389,8 +389,10 @@ UPSTREAM_REFUSALS = [
 ]
 
 
-def write_three_ways(folder: Path, fields: dict, flags: str) -> list[str]:
-    """The same model as TransformerConfig YAML, MODEL_ARGS YAML and a launch script."""
+def write_three_ways(folder: Path, fields: dict, flags: str,
+                     entry: str = "pretrain_gpt.py") -> list[str]:
+    """The same model as TransformerConfig YAML, MODEL_ARGS YAML and a launch script of
+    `entry` (an inference script's options are refused by pretrain_gpt.py's parser)."""
     base = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
     merged = {**base, **fields}
     (folder / "model.yaml").write_text(json.dumps(merged))
@@ -408,7 +410,7 @@ def write_three_ways(folder: Path, fields: dict, flags: str) -> list[str]:
             i += 1
     (folder / "model_config.yaml").write_text(json.dumps({"MODEL_ARGS": values}))
     line = " ".join(f"{k} {v}" if v is not True else k for k, v in values.items())
-    (folder / "train.sh").write_text(f"#!/bin/bash\ntorchrun pretrain_gpt.py {line}\n")
+    (folder / "train.sh").write_text(f"#!/bin/bash\ntorchrun {entry} {line}\n")
     return ["model.yaml", "model_config.yaml", "train.sh"]
 
 

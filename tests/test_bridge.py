@@ -22,7 +22,8 @@ from qaudit.load.bridge.overrides import Override
 
 EXAMPLE = "configs/bridge-lightning-mtp-bf16.yaml"
 
-# Bridge v0.6.0's MIXED_PRECISION_RECIPES (training/mixed_precision.py), underscore spelling.
+# Bridge 0.6.2's MIXED_PRECISION_RECIPES (training/mixed_precision.py), underscore spelling:
+# v0.6.0's 14 and nemotron_3_ultra_bf16_with_nvfp4_mixed.
 RELEASE_RECIPES = {
     "bf16_mixed", "fp16_mixed", "bf16_with_fp8_delayed_scaling_mixed",
     "fp16_with_fp8_delayed_scaling_mixed", "bf16_with_mxfp8_mixed", "fp16_with_mxfp8_mixed",
@@ -30,6 +31,7 @@ RELEASE_RECIPES = {
     "nanov2_bf16_with_fp8_current_scaling_mixed", "fp16_with_fp8_current_scaling_mixed",
     "bf16_with_fp8_subchannel_scaling_mixed", "fp16_with_fp8_subchannel_scaling_mixed",
     "bf16_with_nvfp4_mixed", "nemotron_3_super_bf16_with_nvfp4_mixed",
+    "nemotron_3_ultra_bf16_with_nvfp4_mixed",
 }
 # recipe -> (precision label of a quantized layer, BF16 layers at start, at end)
 QUANTIZED = {
@@ -45,6 +47,7 @@ QUANTIZED = {
     "fp16_with_fp8_subchannel_scaling_mixed": ("fp8/blockwise", 0, 0),
     "bf16_with_nvfp4_mixed": ("fp4/nvfp4", 0, 0),
     "nemotron_3_super_bf16_with_nvfp4_mixed": ("fp4/nvfp4", 0, 14),
+    "nemotron_3_ultra_bf16_with_nvfp4_mixed": ("fp4/nvfp4", 0, 16),
 }
 LAYERS = 16
 
@@ -536,3 +539,46 @@ def test_the_python_api_defaults_to_the_reference_runtime(monkeypatch):
     with pytest.raises(RuntimeError, match="stop here"):
         api.audit({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}, runtime="auto")
     assert seen["runtime"] == "auto"
+
+
+# --- Bridge 0.6.2's refusals and acceptances (issue 37) -----------------------------------
+
+def test_delay_wgrad_without_the_moe_overlap_is_refused_as_bridge_asserts(tmp_path):
+    path = write_dump(tmp_path, comm_overlap={"delay_wgrad_compute": True})
+    with pytest.raises(InputError) as error:
+        load_files(path)
+    assert error.value.key == "comm_overlap.delay_wgrad_compute" and error.value.line
+    assert "overlap_moe_expert_parallel_comm is required for delay_wgrad_compute" \
+        in error.value.message
+    # With the overlap (in the section, or already on the model) Bridge goes on.
+    for sections_ in ({"comm_overlap": {"delay_wgrad_compute": True,
+                                        "overlap_moe_expert_parallel_comm": True}},
+                      {"model": gpt_model(overlap_moe_expert_parallel_comm=True),
+                       "comm_overlap": {"delay_wgrad_compute": True}}):
+        config, _ = load_files(write_dump(tmp_path, "ok.yaml", **sections_))
+        assert config.delay_wgrad_compute is True
+
+
+def test_adding_a_field_the_provider_lacks_is_a_warning_as_in_bridge(tmp_path):
+    """`+model.new_field=1`: Bridge's _apply_overrides warns and skips it."""
+    path = write_dump(tmp_path)
+    config, _ = load_bridge(Path(path), path, ["+model.new_field=1"])
+    notes = [n for n in config.source.notes if n.key == "model.new_field"]
+    assert len(notes) == 1 and "Bridge skips it with a warning" in notes[0].message
+    assert notes[0].file == "argument 1 (+model.new_field=1)"
+    with pytest.raises(InputError, match="not in the config"):  # without '+': Hydra refuses
+        load_bridge(Path(path), path, ["model.new_field=1"])
+
+
+def test_fp8_param_alone_is_undone_by_the_gather_flag_written_last(tmp_path):
+    """MixedPrecisionConfig keeps the pair equal and _apply_overrides writes fp8_param_gather
+    after fp8_param: `mixed_precision.fp8_param=true` over a dump ends false in Bridge."""
+    section = {"_target_": "megatron.bridge.training.mixed_precision.MixedPrecisionConfig",
+               "bf16": True, "fp8": "e4m3", "fp8_recipe": "mxfp8", "fp8_param": False,
+               "fp8_param_gather": False}
+    path = write_dump(tmp_path, mixed_precision=section)
+    config, _ = load_bridge(Path(path), path, ["mixed_precision.fp8_param=true"])
+    assert config.fp8_param is False
+    assert any(n.key == "mixed_precision.fp8_param" for n in config.source.notes)
+    config, _ = load_bridge(Path(path), path, ["mixed_precision.fp8_param_gather=true"])
+    assert config.fp8_param is True

@@ -463,14 +463,17 @@ def test_a_flag_qaudit_misreads_is_caught(megatron, monkeypatch, capsys, tmp_pat
 
 
 def test_a_command_line_megatron_refuses_is_a_finding(megatron, monkeypatch, capsys, tmp_path):
-    """qaudit ignores batch flags; megatron-core 0.19.2's validate_args refuses a batch-size
-    schedule beside --global-batch-size (as in Megatron-LM's own gpt3 175B example)."""
-    script = write_script(tmp_path, "--step-batch-size-schedule '0:16 1B:32'")
+    """A refusal qaudit does not repeat (docs/upstream-checks.md): megatron-core 0.19.2's
+    validate_args refuses --fp8-param-gather without a distributed optimizer outside inference
+    mode. (The batch-size ramp beside --global-batch-size this test once used is exit 2 in
+    qaudit itself now: tests/test_startup_refusals.py.)"""
+    script = write_script(tmp_path, "--fp8-param-gather")
     code, report, _ = cross_check(monkeypatch, capsys, script, "--policy", "legacy")
     (difference,) = report["cross_check"]["differences"]
     assert code == 1 and difference["field"] == "build"
     assert difference["megatron"].startswith("rejects it: validate_args:")
-    assert "--step-batch-size-schedule" in difference["megatron"]
+    assert "--fp8-param-gather only supported with distributed optimizer" \
+        in difference["megatron"]
 
 
 def test_the_stand_in_is_gone_after_the_cross_check(megatron, monkeypatch, capsys):

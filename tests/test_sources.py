@@ -286,8 +286,9 @@ def test_nothing_in_the_readers_can_run_a_program():
 
 
 def test_unmodelled_flag_becomes_a_qa090_warning(write):
+    # A custom entry script may add options of its own: an unknown one is a warning naming it.
     path = write("train.sh", f"""
-        python pretrain_gpt.py {BASE} --num-layers 2 \\
+        python my_train.py {BASE} --num-layers 2 \\
             --overlap-grad-reduce \\
             --recompute-activations \\
             --my-custom-flag 3 \\
@@ -298,8 +299,51 @@ def test_unmodelled_flag_becomes_a_qa090_warning(write):
                 for f in report.to_dict()["findings"] if f["severity"] == "warning"}
     assert not any(w[2] == "--overlap-grad-reduce" for w in warnings)  # read, no effect: QA091
     assert ("QA090", 4, "--my-custom-flag") in warnings
+    custom = [f["message"] for f in report.to_dict()["findings"]
+              if f["message"].startswith("--my-custom-flag")]
+    assert custom and "my_train.py may add it (a custom entry point)" in custom[0]
     assert not any(w[2].startswith(("--pipeline", "--cuda-graph", "--recompute")) for w in warnings)
     assert report.exit_code() == 0
+
+
+@pytest.mark.parametrize("entry", ["pretrain_gpt.py", "pretrain_mamba.py", "pretrain_hybrid.py",
+                                   "examples/t5/pretrain_t5.py", "pretrain_bert.py"])
+@pytest.mark.parametrize("written, nearest", [("--fp8-formt hybrid", "--fp8-format"),
+                                              ("--num-layer 4", "--num-layers"),
+                                              ("--bf1", "--bf16"),
+                                              ("--zz-qq-unknown 1", None)])
+def test_megatron_entry_points_refuse_unknown_options(write, entry, written, nearest):
+    """Megatron's parser (allow_abbrev=False) refuses an unknown option or an abbreviation
+    before anything runs; qaudit names the file, line, option and the nearest real one."""
+    layers = "" if written.startswith("--num-layer ") else "--num-layers 2 "
+    path = write("train.sh", f"""
+        torchrun --nproc-per-node 8 {entry} {BASE} {layers}\\
+            --mtp-num-layers 1 \\
+            {written}
+    """)
+    with pytest.raises(InputError) as error:
+        load(path)
+    flag = written.split()[0]
+    assert (error.value.line, error.value.key) == (3, flag)
+    assert f"unrecognized arguments: {flag}" in error.value.message
+    if nearest:
+        assert error.value.message.endswith(f"did you mean {nearest}?")
+    else:
+        assert "did you mean" not in error.value.message
+
+
+def test_model_args_files_keep_unknown_options_as_warnings(write):
+    """A MODEL_ARGS file does not say its entry script (inference tests add their own
+    options): an unknown option stays a QA090 warning."""
+    path = write("model_config.yaml", """
+        MODEL_ARGS:
+          --num-layers: 2
+          --hidden-size: 64
+          --num-attention-heads: 4
+          --top-n-logprobs: 5
+    """)
+    notes = [n.message for n in load(path).source.notes]
+    assert any(m.startswith("--top-n-logprobs: not an option") for m in notes)
 
 
 def test_transformer_impl_local_exits_2(write, monkeypatch, capsys):
@@ -500,7 +544,10 @@ def test_settings_shown_to_change_nothing_are_one_info_note_not_warnings(tmp_pat
 
     write_three_ways(tmp_path, {}, "--overlap-grad-reduce --overlap-param-gather "
                                    "--use-distributed-optimizer --temperature 1.0 --top_k 1 "
-                                   "--num-tokens-to-generate 30 --tp-comm-overlap")
+                                   "--num-tokens-to-generate 30 --tp-comm-overlap "
+                                   # what validate_args needs for TP comm overlap
+                                   "--tensor-model-parallel-size 2 --sequence-parallel",
+                     entry="examples/inference/advanced/gpt_static_inference.py")
     report = audit_files(str(tmp_path / route), None, FAST)
     findings = report.to_dict()["findings"]
     warned = [f["message"].split(":")[0] for f in findings if f["rule"] == "QA090"]

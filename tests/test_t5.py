@@ -195,7 +195,8 @@ def test_num_layers_with_decoder_num_layers_gives_both_blocks(write_yaml):
     ("--decoder-num-layers: 2\n", "--decoder-num-layers", ("needs --encoder-num-layers",)),
     ("--encoder-num-layers: 2\n--pipeline-model-parallel-size: 2\n",
      "--pipeline-model-parallel-size", ("cannot be pipelined",)),
-    ("--encoder-num-layers: x\n", "--encoder-num-layers", ("expected an integer",)),
+    # Megatron's parser converts with int() before anything else reads it.
+    ("--encoder-num-layers: x\n", "--encoder-num-layers", ("invalid int value: 'x'",)),
 ])
 def test_bad_t5_flags_name_file_line_and_flag(write_yaml, extra, flag, words):
     assert_refused(flags(write_yaml, FLAGS + extra), "model_config.yaml:", flag, words)

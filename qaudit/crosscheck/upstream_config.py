@@ -227,20 +227,7 @@ def from_arguments(config: ModelConfig, argv: list[str],
     """Megatron's `parse_args` -> `validate_args` -> `core_transformer_config_from_args`, as
     pretrain_gpt.py runs them (megatron/training/arguments.py), on the script's own words; then
     the audit's CPU settings. Returns the input and upstream's args (for the spec choice)."""
-    from megatron.training import arguments
-
-    # Upstream prints its settings (validate_args); the report is qaudit's output.
-    with contextlib.redirect_stdout(io.StringIO()), _cpu_answers(arguments):
-        args = _parse(arguments, argv)  # first for the parallel sizes, ...
-        # A MODEL_ARGS file's ENV_VARS are the runner's environment (validate_args reads some).
-        with _environment(**{**(environment or {}), "WORLD_SIZE": str(world_size_for(args)),
-                             "RANK": "0"}):
-            args = _parse(arguments, argv)  # ... then with the world they need
-            try:
-                arguments.validate_args(args, {})
-                upstream_config = arguments.core_transformer_config_from_args(args)
-            except (AssertionError, ValueError, TypeError) as exc:
-                raise ArgumentsRejected(f"validate_args: {type(exc).__name__}: {exc}") from exc
+    args, upstream_config = upstream_arguments(argv, environment)
     known = dataclass_fields(type(upstream_config))
     kwargs = {name: getattr(upstream_config, name) for name in known
               if not name.startswith("_") and _is_init_field(type(upstream_config), name)}
@@ -269,6 +256,28 @@ def from_arguments(config: ModelConfig, argv: list[str],
     if config.is_t5:  # (validate_args copies num_layers into encoder_num_layers for any model)
         upstream.t5_encoder_layers = args.encoder_num_layers
     return upstream, args
+
+
+def upstream_arguments(argv: list[str], environment: dict[str, str] | None = None
+                       ) -> tuple[Any, Any]:
+    """Megatron's own start-up on the command line: `parse_args`, `validate_args`,
+    `core_transformer_config_from_args`. Returns (args, TransformerConfig); ArgumentsRejected
+    with upstream's message when any of them refuses."""
+    from megatron.training import arguments
+
+    # Upstream prints its settings (validate_args); the report is qaudit's output.
+    with contextlib.redirect_stdout(io.StringIO()), _cpu_answers(arguments):
+        args = _parse(arguments, argv)  # first for the parallel sizes, ...
+        # A MODEL_ARGS file's ENV_VARS are the runner's environment (validate_args reads some).
+        with _environment(**{**(environment or {}), "WORLD_SIZE": str(world_size_for(args)),
+                             "RANK": "0"}):
+            args = _parse(arguments, argv)  # ... then with the world they need
+            try:
+                arguments.validate_args(args, {})
+                upstream_config = arguments.core_transformer_config_from_args(args)
+            except (AssertionError, ValueError, TypeError) as exc:
+                raise ArgumentsRejected(f"validate_args: {type(exc).__name__}: {exc}") from exc
+    return args, upstream_config
 
 
 class ArgumentsRejected(Exception):

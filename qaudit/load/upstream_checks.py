@@ -49,6 +49,8 @@ CHECKED_FIELDS: dict[str, tuple[str, Any]] = {
     "seq_length": ("int", None),
     "moe_router_padding_for_fp8": ("bool", False),
     "moe_router_padding_for_quantization": ("bool", False),
+    "fp16": ("bool", False),
+    "bf16": ("bool", False),
 }
 
 Fail = Callable[[str, str], None]
@@ -94,6 +96,10 @@ def check_upstream(config, mapping: YamlMap, fail: Fail) -> None:
     def known(*keys: str) -> bool:
         return all(values[key] is not UNKNOWN for key in keys)
 
+    # TransformerConfig.__post_init__ raises ValueError (transformer_config.py:1314 in 0.19.2).
+    if known("fp16", "bf16") and values["fp16"] is True and values["bf16"] is True:
+        fail("fp16", "Only one of fp16 and bf16 should be True (TransformerConfig raises "
+             "ValueError: \"Only one of self.fp16: True and self.bf16 True should be True.\")")
     heads = config.num_attention_heads
     # validate_args: the default head width must divide the hidden size.
     if "kv_channels" not in mapping and config.hidden_size % heads:

@@ -156,6 +156,13 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
             continue
         if key in BRIDGE_PROVIDER_FIELDS:
             continue
+        if at[0] != display and key not in MODELLED_FIELDS | config_module.ACCEPTED_FIELDS:
+            # An override adding a field the provider lacks (`+model.new_field=1`): Bridge's
+            # _apply_overrides logs "not found in config object ... Skipping." and runs on.
+            flat.notes.append((f"model.{key}: not a field of {provider.name or 'the model'}; "
+                               "Bridge skips it with a warning (_apply_overrides), and so does "
+                               "the audit", at, f"model.{key}"))
+            continue
         raw = model_node.get(key) if isinstance(model_node, YamlMap) else None
         if key not in MODELLED_FIELDS and (is_reference(raw) or (
                 isinstance(raw, list) and raw and all(is_reference(item) for item in raw))):
@@ -242,7 +249,7 @@ def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, whe
         if values is None:
             names = ", ".join(sorted(mp.NAMED_RECIPES))
             raise InputError(f"unknown mixed-precision recipe {short_repr(node)} (Bridge's "
-                             f"get_mixed_precision_config raises ValueError); Bridge v0.6.0 has "
+                             f"get_mixed_precision_config raises ValueError); Bridge 0.6.2 has "
                              f"{names}", file=at_section[0], line=at_section[1],
                              key="mixed_precision")
         flat.info.explanations.append(f"mixed_precision: {node} (Bridge's named recipe)")
@@ -252,13 +259,21 @@ def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, whe
         for key, value in section.items():
             values[key] = value
             key_of[key] = where(f"mixed_precision.{key}", section, key)
-        # The dataclass keeps each *_param / *_param_gather pair equal: the last one set wins.
+        # The dataclass keeps each *_param / *_param_gather pair equal (__setattr__), and
+        # Bridge's _apply_overrides writes the merged section back field by field in the
+        # dataclass's order, where the gather flag comes after: it wins, whichever of the two
+        # an override changed (`mixed_precision.fp8_param=true` alone ends false in 0.6.2).
         for param, gather in (("fp8_param", "fp8_param_gather"), ("fp4_param", "fp4_param_gather")):
             if param in key_of and gather in key_of and values[param] != values[gather] \
                     and values[param] is not None:
-                later = max((param, gather), key=lambda k: (key_of[k][0] != display,
-                                                            key_of[k][1] or 0))
-                values[param] = values[gather] = values[later]
+                values[param] = values[gather]
+                if f"mixed_precision.{param}" in explicit \
+                        and f"mixed_precision.{gather}" not in explicit:
+                    flat.notes.append((f"mixed_precision.{param} {values[gather]!r}: Bridge "
+                                       f"keeps {param} and {gather} equal and writes {gather} "
+                                       f"last, so the override of {param} is undone; set "
+                                       f"mixed_precision.{gather} instead", key_of[param],
+                                       f"mixed_precision.{param}"))
         values = mp.finalized(values)
     else:
         raise InputError(f"expected a MixedPrecisionConfig mapping or a recipe name, got "
@@ -317,6 +332,17 @@ def _apply_parallel_sections(document: YamlMap, flat: Flat, put, where) -> None:
     ddp_values = dict(ddp or {})
     ddp_where = {key: where(f"ddp.{key}", ddp, key) for key in ddp_values} if ddp else {}
     if overlap is not None:
+        # CommOverlapConfig.setup (training/comm_overlap.py:532-535 in 0.6.2) asserts it,
+        # reading the model's value before the section is copied onto it.
+        if overlap.get("delay_wgrad_compute") is True \
+                and overlap.get("overlap_moe_expert_parallel_comm") is not True \
+                and mapping.get("overlap_moe_expert_parallel_comm") is not True:
+            at = where("comm_overlap.delay_wgrad_compute", overlap, "delay_wgrad_compute")
+            raise InputError("overlap_moe_expert_parallel_comm is required for "
+                             "delay_wgrad_compute (Bridge's CommOverlapConfig.setup asserts it "
+                             "at start-up): set comm_overlap.overlap_moe_expert_parallel_comm"
+                             "=true, or leave delay_wgrad_compute off", file=at[0], line=at[1],
+                             key="comm_overlap.delay_wgrad_compute")
         for key in sections.COMM_OVERLAP_MODEL_FIELDS:
             value = overlap.get(key)
             at = where(f"comm_overlap.{key}", overlap, key)

@@ -1,7 +1,7 @@
 """Bridge's `mixed_precision` section, applied to the model as Bridge applies it.
 
 Facts from Megatron-Bridge v0.6.0 `src/megatron/bridge/training/mixed_precision.py` (unchanged
-at main 067f987): `runtime_config_update()` turns a recipe name into its `MixedPrecisionConfig`,
+at main 067f987; the 0.6.2 wheel adds `nemotron_3_ultra_bf16_with_nvfp4_mixed`): `runtime_config_update()` turns a recipe name into its `MixedPrecisionConfig`,
 calls `finalize()` (an unset `fp8_param` / `fp4_param` takes the `*_param_gather` value) and
 `setup()`, which copies **every** field the model also has onto the model, whatever its value
 (a null `fp8` clears the model's). So the section wins over the model's own fields, whether the
@@ -64,6 +64,10 @@ NAMED_RECIPES: dict[str, dict[str, Any]] = {
     "bf16_with_nvfp4_mixed": {**_BF16, **_NVFP4},
     "nemotron_3_super_bf16_with_nvfp4_mixed": {
         **_BF16, **_NVFP4, "first_last_layers_bf16": True, "num_layers_at_end_in_bf16": 14},
+    # Added in 0.6.2 (the release the corpus dumps were written with): the last 16 in BF16.
+    "nemotron_3_ultra_bf16_with_nvfp4_mixed": {
+        **_BF16, **_NVFP4, "first_last_layers_bf16": True, "num_layers_at_start_in_bf16": 0,
+        "num_layers_at_end_in_bf16": 16},
 }
 
 # MixedPrecisionConfig fields a model provider also has (setup copies them; the rest go to

@@ -36,6 +36,8 @@ CHECKED_FLAGS: dict[str, tuple[str, Callable[[list[str]], Any] | None, Any]] = {
     "--moe-router-padding-for-fp8": ("moe_router_padding_for_fp8", None, True),
     "--moe-router-padding-for-quantization": ("moe_router_padding_for_quantization", None,
                                               True),
+    "--fp16": ("fp16", None, True),
+    "--bf16": ("bf16", None, True),
 }
 
 

@@ -20,6 +20,11 @@ from qaudit.load.sources.tokens import Word
 # HybridModel (never a T5Model).
 GPT_SCRIPTS = frozenset({"pretrain_gpt.py", "pretrain_hybrid.py", "pretrain_mamba.py"})
 T5_SCRIPT = "pretrain_t5.py"
+# Entry points whose parser is Megatron's own (`parse_and_validate_args` with no extra
+# arguments, or only ModelOpt's, which qaudit knows): argparse there, built with
+# allow_abbrev=False, refuses any other option at start-up. pretrain_vlm.py and train_rl.py
+# add their own options, so an option qaudit does not know may be theirs.
+MEGATRON_PARSER_SCRIPTS = GPT_SCRIPTS | {T5_SCRIPT, "pretrain_bert.py"}
 # The ModelOpt examples' folder; every script there builds with modelopt_gpt_hybrid_builder.
 MODELOPT_DIR = "post_training/modelopt/"
 
@@ -42,6 +47,11 @@ class Entry:
     def builds_gpt(self) -> bool:
         """A known GPT/hybrid training script: `--encoder-num-layers` is only a layer count."""
         return self.name in GPT_SCRIPTS
+
+    @property
+    def parser_is_megatrons(self) -> bool:
+        """The entry script parses with Megatron's own parser only: unknown options fail."""
+        return self.name in MEGATRON_PARSER_SCRIPTS and self.modelopt_location() is None
 
     def modelopt_location(self) -> str | None:
         """Why the ModelOpt builder runs, if the script's or the file's location says so."""

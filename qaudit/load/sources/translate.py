@@ -18,6 +18,8 @@ from qaudit.load.sources.checked_flags import apply_checked
 from qaudit.load.sources.entry import Entry
 from qaudit.families import parts as family_parts
 from qaudit.load.sources.modelopt_flags import apply_modelopt, known_modelopt_flag, note_modelopt_flags
+from qaudit.load.sources.parser_refusals import refuse_unknown_options
+from qaudit.load.sources.startup_refusals import refuse_unconvertible_values, refuse_validate_args
 from qaudit.load.sources.megatron_flags import to_int
 from qaudit.load.sources.tokens import External
 from qaudit.load.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
@@ -95,6 +97,9 @@ class Translator:
 
     # --- the translation -------------------------------------------------------------------
     def run(self) -> Translation:
+        refuse_unknown_options(self)  # argparse refuses before anything else runs
+        refuse_unconvertible_values(self)
+        refuse_validate_args(self)
         self.check_transformer_impl()
         for flag, occurrence in sorted(self.last.items(), key=lambda kv: kv[1].line or 0):
             if flag in self.modelled:
@@ -151,8 +156,10 @@ class Translator:
             self.note(f"{flag}: {INFERENCE_ONLY_WHY}", occurrence.line, flag, no_effect=True)
         elif flag not in UPSTREAM_FLAGS and flag not in self.modelled \
                 and not known_modelopt_flag(flag):
+            where = f"; {self.entry.name} may add it (a custom entry point)" \
+                if self.entry.name else ""
             self.note(f"{flag}: not an option of Megatron-LM's training parser (commit "
-                      f"{PARSER_COMMIT[:8]}); the audit ignores it", occurrence.line, flag)
+                      f"{PARSER_COMMIT[:8]}){where}; the audit ignores it", occurrence.line, flag)
 
     def note_setting(self, occurrence: Occurrence) -> bool:
         """A flag that sets a config field or argument in the shared table of unmodelled
