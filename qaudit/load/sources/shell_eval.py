@@ -7,6 +7,10 @@ and records the commands that launch a Python entry script. It never runs a comm
 substitution or `eval`; a value it cannot know (unset variable, `$(...)`, a file test) becomes
 an `External` hole. When a condition cannot be decided, both outcomes are followed and
 variables that differ become holes that name what the condition reads.
+
+The largest file of load/ on purpose: one recursive walk over bash's node types, whose cases
+share the variable state and the work budget; split, each part would reach back into the
+others (parsing, the budget and the argv reading it feeds are their own modules).
 """
 
 from __future__ import annotations
