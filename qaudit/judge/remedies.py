@@ -77,12 +77,14 @@ def megatron_main() -> Remedy:
 def module_policy(quantized: int) -> Remedy:
     if quantized:
         return Remedy("--policy module (needs Megatron-LM PR #7353)", None,
-                      "upgrade to a Megatron with PR #7353 and force these modules to bf16",
+                      "apply Megatron-LM PR #7353 (still open upstream: no release has it) and "
+                      "force these modules to bf16",
                       f"precision/speed: {quantized} module(s) run bf16 instead of quantized",
                       "costs precision and speed", PRECISION)
     return Remedy("--policy module (needs Megatron-LM PR #7353)", None,
-                  "upgrade to a Megatron with PR #7353 (check with --policy module: this module "
-                  "runs high precision, so it would get None and accumulate)",
+                  "apply Megatron-LM PR #7353 (still open upstream: no release has it; check "
+                  "with --policy module: this module runs high precision, so it would get None "
+                  "and accumulate)",
                   "none: the modules already run bf16, PR #7353 stops tracking them", "",
                   UPGRADE)
 
