@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 from qaudit.errors import printable
 from qaudit.files.paths import repo_relative  # noqa: F401  (renderers import it from here)
 from qaudit.judge.report import SEVERITIES, Finding, ModuleRow, Report
+from qaudit.run.rows import index_set_text
 
 # `decoder.layers.12.mlp.linear_fc1` -> prefix `decoder.layers`, index 12, rest `mlp.linear_fc1`.
 _LAYER = re.compile(r"^(?P<prefix>(?:.*\.)?layers)\.(?P<idx>\d+)\.(?P<rest>.+)$")
@@ -166,23 +167,6 @@ def name_shape(name: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
             current += number + after
     texts.append(current)
     return tuple(texts), tuple(indices)
-
-
-def index_set_text(values: Iterable[int]) -> str:
-    """`[0-2,5,7-9]`; one value alone as itself."""
-    ordered = sorted(set(values))
-    if len(ordered) == 1:
-        return str(ordered[0])
-    spans: list[str] = []
-    start = prev = ordered[0]
-    for value in ordered[1:] + [None]:
-        if value is not None and value == prev + 1:
-            prev = value
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        if value is not None:
-            start = prev = value
-    return "[" + ",".join(spans) + "]"
 
 
 def _product_blocks(tuples: list[tuple[int, ...]]) -> list[list[list[int]]]:

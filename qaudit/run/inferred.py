@@ -12,6 +12,7 @@ import torch
 from qaudit.model.layers import SequentialExperts
 from qaudit.model.probe import CallRecord
 from qaudit.model.wrappers import AuditedModule
+from qaudit.run.rows import index_set_text
 
 
 _EXPERT = re.compile(r"(.*\.local_experts\.\d+)\.")
@@ -69,7 +70,7 @@ def inferred_classes(layers: list[SequentialExperts]) -> dict[str, dict]:
         for group in layer.classes:
             if group.inferred:
                 classes[f"{prefix}.{group.observed}"] = {
-                    "inferred": f"{prefix}.{_index_set(group.inferred)}",
+                    "inferred": f"{prefix}.{index_set_text(group.inferred)}",
                     "experts": len(group.inferred),
                     "modules": len(group.inferred) * len(_audited(experts[group.observed]))}
     return classes
@@ -96,19 +97,3 @@ def _expert_name(expert: torch.nn.Module) -> str:
     fqn = _audited(expert)[0].fqn
     head = fqn[:fqn.index(".local_experts.")]
     return f"{head}.local_experts"
-
-
-def _index_set(indices: tuple[int, ...]) -> str:
-    """`[1-4,6-383]` (the report's index-set notation, as in collapsed table rows); one
-    index alone as itself."""
-    if len(indices) == 1:
-        return str(indices[0])
-    spans, start, prev = [], indices[0], indices[0]
-    for index in (*indices[1:], None):
-        if index is not None and index == prev + 1:
-            prev = index
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        if index is not None:
-            start = prev = index
-    return "[" + ",".join(spans) + "]"

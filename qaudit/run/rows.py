@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from itertools import groupby
 from dataclasses import dataclass
+from typing import Iterable
 
 from qaudit.errors import printable
 from qaudit.load.precision import precision_label
@@ -82,3 +83,20 @@ def accumulation_of(records: list[CallRecord]) -> str:
     if any(r.decision == "overwrite" and r.microbatch == 0 for r in records):
         return "overwrite-first"
     return "accumulate"
+
+
+def index_set_text(values: Iterable[int]) -> str:
+    """`[0-2,5,7-9]`; one value alone as itself."""
+    ordered = sorted(set(values))
+    if len(ordered) == 1:
+        return str(ordered[0])
+    spans: list[str] = []
+    start = prev = ordered[0]
+    for value in ordered[1:] + [None]:
+        if value is not None and value == prev + 1:
+            prev = value
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if value is not None:
+            start = prev = value
+    return "[" + ",".join(spans) + "]"
