@@ -52,10 +52,19 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imports_of(path: Path, name: str) -> set[str]:
+def imports_of(path: Path, name: str, run_time: bool = False) -> set[str]:
+    """Every module `name` names in an import. `run_time`: what it imports when it runs:
+    annotation-only imports (under `if TYPE_CHECKING:`) left out, and `from package import
+    submodule` counted as the submodule alone (the package is imported first either way)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    skipped = {id(inner) for node in ast.walk(tree) if run_time and isinstance(node, ast.If)
+               and "TYPE_CHECKING" in ast.unparse(node.test)
+               for statement in node.body for inner in ast.walk(statement)}
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -63,8 +72,11 @@ def imports_of(path: Path, name: str) -> set[str]:
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+            named = {f"{base}.{alias.name}" for alias in node.names}
+            submodules = named & set(MODULES) if run_time else set()
+            found.update(submodules if run_time else named)
+            if len(submodules) < len(node.names):
+                found.add(base)
     return found
 
 
@@ -94,30 +106,7 @@ def test_load_and_plan_never_import_torch(name):
 
 
 def _run_time_imports(name: str) -> set[str]:
-    """The qaudit modules `name` imports when it runs: annotation-only imports (under
-    `if TYPE_CHECKING:`) left out, and `from package import submodule` counted as the
-    submodule (the package is imported first either way, as for any submodule)."""
-    path = MODULES[name]
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
-    annotation_only = {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If)
-                       and "TYPE_CHECKING" in ast.unparse(node.test)
-                       for statement in node.body for inner in ast.walk(statement)}
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in annotation_only:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            submodules = {f"{base}.{alias.name}" for alias in node.names} & set(MODULES)
-            found.update(submodules)
-            if len(submodules) < len(node.names):
-                found.add(base)
+    found = imports_of(MODULES[name], name, run_time=True)
     return {m for m in found if m in MODULES and m != name} - ENTRY_IMPORTS.get(name, set())
 
 
