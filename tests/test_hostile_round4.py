@@ -12,38 +12,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-import mutations as m
+from hostile_inputs4 import bridge_document
+from test_hostile_round2 import cli, one_error_line
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL_RUN = ("--steps", "1", "--microbatches", "1")
 
 
-def cli(*args: str) -> tuple[int, str, str]:
-    return m.run_cli([*args])
-
-
-def one_error_line(result: tuple[int, str, str], *words: str) -> str:
-    code, out, err = result
-    assert "Traceback" not in err and "internal error" not in err, err
-    assert (code, out) == (2, ""), (code, err)
-    assert err.count("\n") == 1 and err.startswith("error: "), err
-    for word in words:
-        assert word in err, f"{word!r} not in {err!r}"
-    return err
-
-
 def bridge_dump(tmp_path: Path, name: str = "dump.yaml", **sections) -> str:
-    document = {
-        "_target_": "megatron.bridge.training.config.ConfigContainer",
-        "model": {"_target_": "megatron.bridge.models.gpt_provider.GPTModelProvider",
-                  "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-                  "ffn_hidden_size": 128, "add_bias_linear": False,
-                  "params_dtype": {"_call_": False, "_target_": "torch.bfloat16"}},
-        "train": {"_target_": "megatron.bridge.training.config.TrainingConfig",
-                  "train_iters": 10},
-        "mixed_precision": None, **sections}
     path = tmp_path / name
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    path.write_text(yaml.safe_dump(bridge_document(**sections), sort_keys=False))
     return str(path)
 
 
