@@ -127,7 +127,7 @@ def _conforms(value: Any, hint: Any) -> bool:
     if hint is float:
         return type(value) in (int, float)
     if origin is None:
-        return type(value) is hint or (isinstance(hint, type) and type(value) is hint)
+        return type(value) is hint
     if origin is list:
         return type(value) is list and all(_conforms(item, arguments[0]) for item in value)
     if origin is tuple:
