@@ -148,6 +148,33 @@ def test_torchrun_ranks_are_guarded_and_give_one_verdict(tmp_path):
                for line in _guard_lines(stderr)) == 1  # rank 0 speaks for both
 
 
+def test_rank_zero_writes_its_report_even_when_another_rank_is_done_first(tmp_path):
+    """The job's sitecustomize holds rank 0 back until rank 1 has left its result (rank 1 is
+    then about to exit with the stop code, and torchrun ends the other workers when one
+    exits): every rank waits for rank 0 to have spoken, so the report is still written."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, time\n"
+        "import qaudit.guard.verdict as v\n"
+        "spoken = v._speak\n"
+        "def late(report, stop, options):\n"
+        "    other = os.path.join(options.results, v.RESULT_FILE.format(rank=1))\n"
+        "    for _ in range(6000):\n"
+        "        if os.path.exists(other):\n"
+        "            break\n"
+        "        time.sleep(0.01)\n"
+        "    time.sleep(0.5)\n"
+        "    spoken(report, stop, options)\n"
+        "v._speak = late\n")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2"]
+    code, _, stderr, report = _guard(tmp_path, [], ["--mtp-layers", "2", "--repeated-mtp"],
+                                     launcher=launcher, extra_path=[str(site)])
+    assert code == EXIT_STOPPED, stderr[-3000:]
+    assert report is not None and report["guard"]["ranks"] == 2
+
+
 def test_a_failing_guard_never_passes_and_never_kills_a_warned_job(tmp_path):
     """The job's own sitecustomize (run after the guard's) breaks the guard's verdict."""
     site = tmp_path / "site"

@@ -137,10 +137,22 @@ def conclude(session: Any) -> Outcome:
     parts = gather(summary(session))
     report = build_report(parts, session.options)
     stop = bool(report.exit_code(session.options.fail_on))
-    if _rank() == 0:
-        _speak(report, stop, session.options)
-    _write_result(session.options, report, stop)
+    try:
+        if _rank() == 0:
+            _speak(report, stop, session.options)
+        _write_result(session.options, report, stop)
+    finally:
+        _wait_for_every_rank()  # also when speaking failed: no rank is left waiting
     return Outcome(stop=stop, report=report)
+
+
+def _wait_for_every_rank() -> None:
+    """No rank leaves before rank 0 has spoken and written the report: a launcher such as
+    torchrun ends the other workers as soon as one exits with the stop code, which would cut
+    rank 0 off mid-write."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
 
 
 def record_failure(session: Any) -> None:
