@@ -212,3 +212,25 @@ def test_each_refusal_is_upstreams_own(megatron, case):
         assert refused is None, refused
     else:
         assert refused is not None and expected in refused, refused
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CORPUS.is_dir(), reason=f"corpus not found at {CORPUS}")
+@pytest.mark.usefixtures("forget_megatron")
+@pytest.mark.parametrize("name", CORPUS_ACCEPTED)
+def test_the_cross_check_starts_the_accepted_files_as_upstream_does(megatron, name):
+    """--cross-check hands both files to megatron-core 0.19.2's own start-up as their runner
+    does: the inference test under torch.inference_mode(), and the config's non-field
+    attributes (yarn_*) kept for the rebuilt TransformerConfig."""
+    from qaudit.crosscheck.environment import upstream_environment
+    from qaudit.crosscheck.te_side import TESide
+    from qaudit.crosscheck.upstream_config import argv_strings, from_arguments
+
+    config = load(CORPUS / name)
+    assert config.source.inference_test
+    words, _ = argv_strings(config.source.argv)
+    with upstream_environment(TESide("standin")):
+        upstream, _ = from_arguments(config, words, config.source.environment,
+                                     config.source.inference_test)
+    if "gptoss" in name:
+        assert upstream.config_attributes["yarn_rotary_scaling_factor"] == 32.0

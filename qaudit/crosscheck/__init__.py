@@ -116,7 +116,8 @@ def _upstream_input(config: "ModelConfig", recipe: "QuantRecipe | None",
         not_covered.append("flags passed only under a condition the script leaves open")
     try:
         upstream, args = upstream_config.from_arguments(config, words,
-                                                        config.source.environment)
+                                                        config.source.environment,
+                                                        config.source.inference_test)
     except upstream_config.ArgumentsRejected as exc:
         return str(exc)
     spec = getattr(args, "spec", None)

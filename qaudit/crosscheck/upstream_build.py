@@ -92,9 +92,12 @@ def make_config(upstream: UpstreamInput) -> Any:
     elif upstream.prebuilt_recipe is not None:
         kwargs["quant_recipe"] = upstream.prebuilt_recipe
     try:
-        return cls(**kwargs)
+        config = cls(**kwargs)
     except (AssertionError, ValueError, TypeError) as exc:
         raise Rejected(f"{cls.__name__}: {type(exc).__name__}: {exc}") from exc
+    for name, value in upstream.config_attributes.items():
+        setattr(config, name, value)
+    return config
 
 
 def recipe_config(recipe: Any) -> Any:

@@ -68,6 +68,9 @@ class UpstreamInput:
     hybrid: dict[str, Any] | None = None
     # An encoder-decoder (T5) model: the encoder's layer count (None: not T5).
     t5_encoder_layers: int | None = None
+    # Attributes upstream's start-up sets on the config beside its dataclass fields (0.19.2:
+    # the `yarn_*` values GPTModel reads with getattr), set again on the rebuilt config.
+    config_attributes: dict[str, Any] = field(default_factory=dict)
 
 
 def plain(value: Any) -> Any:
@@ -223,11 +226,12 @@ def world_size_for(args: Any) -> int:
 
 
 def from_arguments(config: ModelConfig, argv: list[str],
-                   environment: dict[str, str] | None = None) -> tuple[UpstreamInput, Any]:
+                   environment: dict[str, str] | None = None,
+                   inference: bool = False) -> tuple[UpstreamInput, Any]:
     """Megatron's `parse_args` -> `validate_args` -> `core_transformer_config_from_args`, as
     pretrain_gpt.py runs them (megatron/training/arguments.py), on the script's own words; then
     the audit's CPU settings. Returns the input and upstream's args (for the spec choice)."""
-    args, upstream_config = upstream_arguments(argv, environment)
+    args, upstream_config = upstream_arguments(argv, environment, inference)
     known = dataclass_fields(type(upstream_config))
     kwargs = {name: getattr(upstream_config, name) for name in known
               if not name.startswith("_") and _is_init_field(type(upstream_config), name)}
@@ -250,6 +254,8 @@ def from_arguments(config: ModelConfig, argv: list[str],
         getattr(args, "use_megatron_fsdp", False),
         getattr(args, "data_parallel_sharding_strategy", "no_shard"))
     upstream.config_class = type(upstream_config)
+    upstream.config_attributes = {name: value for name, value in vars(upstream_config).items()
+                                  if name not in known and not name.startswith("_")}
     pattern = getattr(args, "hybrid_layer_pattern", None)
     if pattern is not None:  # hybrid_builders.py hands the pattern validate_args resolved
         upstream.hybrid = {"hybrid_layer_pattern": pattern}
@@ -258,15 +264,19 @@ def from_arguments(config: ModelConfig, argv: list[str],
     return upstream, args
 
 
-def upstream_arguments(argv: list[str], environment: dict[str, str] | None = None
-                       ) -> tuple[Any, Any]:
+def upstream_arguments(argv: list[str], environment: dict[str, str] | None = None,
+                       inference: bool = False) -> tuple[Any, Any]:
     """Megatron's own start-up on the command line: `parse_args`, `validate_args`,
     `core_transformer_config_from_args`. Returns (args, TransformerConfig); ArgumentsRejected
-    with upstream's message when any of them refuses."""
+    with upstream's message when any of them refuses. `inference`: as upstream's inference
+    scripts run it, under torch.inference_mode() (validate_args lets --fp8-param-gather
+    through there without a distributed optimizer)."""
+    import torch
     from megatron.training import arguments
 
+    mode = torch.inference_mode() if inference else contextlib.nullcontext()
     # Upstream prints its settings (validate_args); the report is qaudit's output.
-    with contextlib.redirect_stdout(io.StringIO()), _cpu_answers(arguments):
+    with contextlib.redirect_stdout(io.StringIO()), _cpu_answers(arguments), mode:
         args = _parse(arguments, argv)  # first for the parallel sizes, ...
         # A MODEL_ARGS file's ENV_VARS are the runner's environment (validate_args reads some).
         with _environment(**{**(environment or {}), "WORLD_SIZE": str(world_size_for(args)),

@@ -253,6 +253,9 @@ class ConfigSource:
     # MODEL_ARGS files: the ENV_VARS the test runner exports (upstream's validate_args reads
     # some of them).
     environment: dict[str, str] = field(default_factory=dict)
+    # MODEL_ARGS files with `MODE: inference`: upstream's inference scripts parse their
+    # arguments under torch.inference_mode(), which some of validate_args' checks allow.
+    inference_test: bool = False
     # Which reader made it: None (TransformerConfig YAML, launch script, MODEL_ARGS) or
     # "bridge" (a Megatron-Bridge ConfigContainer, qaudit/load/bridge/).
     origin: str | None = None

@@ -21,8 +21,8 @@ from qaudit.errors import InputError
 from qaudit.load.sources.argv import split_argv
 from qaudit.load.sources.entry import entry_of
 from qaudit.load.sources.launch_script import launch_script_words, looks_like_launch_script
-from qaudit.load.sources.model_args import (model_args_environment, model_args_words,
-                                       read_model_args_file)
+from qaudit.load.sources.model_args import (is_inference_test, model_args_environment,
+                                            model_args_words, read_model_args_file)
 from qaudit.load.sources.translate import translate
 from qaudit.load.yamlio import read_text
 
@@ -33,6 +33,7 @@ def load_source_config(path: Path, display: str,
     TransformerConfig YAML, which the caller loads as before)."""
     variables = dict(variables or {})
     environment: dict[str, str] = {}
+    inference_test = False
     if not os.path.isfile(path):  # False, not OSError, for a name too long (read_text says why)
         return None
     if looks_like_launch_script(path.suffix, _first_line(path)):
@@ -46,13 +47,14 @@ def load_source_config(path: Path, display: str,
             return None  # not a MODEL_ARGS file: the plain TransformerConfig YAML route
         words, notes = model_args_words(sections, display, variables)
         environment = model_args_environment(sections)
+        inference_test = is_inference_test(sections)
         script = None  # the functional-test recipe, not this file, names the entry script
     else:
         return None
     result = translate(split_argv(words), display, entry_of(script, display))
     _resolve_recipe(result.mapping, path, display)
     source = ConfigSource(display, path, result.mapping, notes + result.notes, argv=list(words),
-                          environment=environment)
+                          environment=environment, inference_test=inference_test)
     try:
         # Every flag was checked against the unmodelled table already (translate).
         return config_from_mapping(result.mapping, source, note_settings=False)

@@ -138,6 +138,13 @@ def _scalar_text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def is_inference_test(sections: dict[str, list[Entry]]) -> bool:
+    """`MODE: inference`: the runner starts one of upstream's inference scripts."""
+    mode = sections.get("MODE", [])
+    node = mode[0].value if mode else None
+    return isinstance(node, yaml.ScalarNode) and node.value == "inference"
+
+
 def model_args_environment(sections: dict[str, list[Entry]]) -> dict[str, str]:
     """The file's ENV_VARS, as the runner exports them."""
     return {e.key: _scalar_text(e.value) for e in sections.get("ENV_VARS", [])}
