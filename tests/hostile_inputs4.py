@@ -72,6 +72,13 @@ def _override_argument(r: random.Random) -> str:
         lambda: "[&a 1, " + ", ".join(["*a"] * r.choice([50, 99, 100, 101, 500])) + "]",
         lambda: r.choice(["${oc.env:HOME}", "1,2", "f(x)", "'quoted'", "null", "TRUE", "1e999",
                           "nan", "-0", "+12_000"]),
+        # Hydra's grammar near its bounds: long lists and strings, escapes, quotes, deep
+        # mappings, characters it has no token for.
+        lambda: "[" + ",".join(["0"] * r.choice([1000, 100_000, 400_000])) + "]",
+        lambda: r.choice(["a ", "\\,", "\\ ", "x:", "1.", "$%", "'q',"]) * r.choice([10, 50_000]),
+        lambda: "{a: " * r.choice([10, 64, 65, 3000]) + "1" + "}" * r.choice([0, 10, 65]),
+        lambda: "'" + "\\" * r.randrange(0, 9) + r.choice(["'", "x'", "\\'", ""]),
+        lambda: "".join(r.choice("[]{}(),:='\"\\ #&!é$") for _ in range(r.randrange(1, 40))),
     ]
     value = r.choice(shapes)()
     if r.random() < 0.15:

@@ -11,23 +11,24 @@
    `_apply_overrides` only writes the keys present);
 3. Bridge writes the result back onto the dataclasses, key by key.
 
-Values are Hydra's primitives (null, true/false in any case, integers, floats, quoted strings,
-`[...]` lists and `{...}` mappings); interpolations (`${...}`, which resolve from the
-environment or run resolvers), sweeps (`a=1,2`) and grammar functions are refused. Nothing is
-imported or resolved. Each key set is traced to the file and line, or the argument, that set it.
+Arguments are read with Hydra's override grammar (qaudit/load/bridge/override_grammar.py:
+values typed as the grammar types them, not as YAML would); interpolations (`${...}`, which
+resolve from the environment or run resolvers), sweeps (`a=1,2`) and grammar functions are
+refused. Nothing is imported or resolved. Each key set is traced to the file and line, or the
+argument, that set it.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from qaudit.errors import InputError
-from qaudit.load.yamlio import (MAX_EXPANDED_VALUES, MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_NESTING,
-                                YamlMap, expanded_size, load_yaml, load_yaml_text, type_name)
+from qaudit.load.bridge.override_grammar import GrammarError, ParsedOverride, parse_override
+from qaudit.load.yamlio import (MAX_EXPANDED_VALUES, MAX_FILE_BYTES, MAX_NESTING, YamlMap,
+                                expanded_size, load_yaml, type_name)
 
 Where = tuple[str, "int | None"]
 
@@ -133,107 +134,119 @@ def _record(value: Any, dotted: str, at: Where, origins: dict[str, Where]) -> No
 
 # --- key=value arguments -------------------------------------------------------------------
 
-_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_0-9][A-Za-z0-9_]*)*$")
-_INT = re.compile(r"^[+-]?(0|[1-9][0-9_]*)$")
-_FLOAT = re.compile(r"^[+-]?(\d[\d_]*\.?\d*([eE][+-]?\d+)?|\.\d+([eE][+-]?\d+)?|inf|nan)$",
-                    re.IGNORECASE)
-_FUNCTION = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\(.*\)$", re.DOTALL)
-
-
 def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where],
                     budget: _Budget) -> bool:
-    """Apply one argument; True for a deletion (which changes nothing in Bridge)."""
+    """Apply one argument as hydra's `_apply_overrides_to_config` does on Bridge's struct
+    config (OmegaConf.update with merge; `+`/`++` with force_add); True for a deletion (which
+    changes nothing in Bridge)."""
     text = item.text or ""
-    where = (item.label, None)
+    key: str | None = None
 
-    def fail(message: str, key: str | None = None) -> InputError:
+    def fail(message: str) -> InputError:
         return InputError(message, file=item.label, key=key)
 
     if len(text) > MAX_FILE_BYTES:
         raise fail(f"{len(text)} characters; more than {MAX_FILE_BYTES} is refused, as for a file")
-    prefix = "++" if text.startswith("++") else text[:1] if text[:1] in "+~" else ""
-    body = text[len(prefix):]
-    key, sep, raw = body.partition("=")
-    key = key.strip()
-    if not _KEY.match(key):
-        raise fail("expected key=value (Hydra override syntax: a.b=c, +a.b=c, ++a.b=c, ~a.b)")
-    if prefix != "~" and not sep:
-        raise fail("missing '=value' (Hydra override syntax: a.b=c, +a.b=c, ++a.b=c, ~a.b)", key)
+    try:
+        parsed = parse_override(text)
+    except GrammarError as exc:
+        raise fail(str(exc)) from None
+    key = parsed.key
     parts = key.split(".")
     if len(parts) > MAX_NESTING:
         raise fail(f"a key {len(parts)} levels deep; more than {MAX_NESTING} is refused, as for "
-                   "a file", key)
-    value = parse_value(raw, fail, key) if prefix != "~" else None
-    budget.spend(value, item)
-    parent = document
-    for depth, part in enumerate(parts[:-1]):
-        child = parent.get(part)
-        if child is None and prefix in ("+", "++"):
-            child = YamlMap(line=None)
-            parent[part] = child
-            parent.key_lines[part] = None
-        if not isinstance(child, YamlMap):
-            raise fail(f"'{'.'.join(parts[:depth + 1])}' is "
-                       f"{'not in the config' if child is None else type_name(child)}, so "
-                       f"'{key}' cannot be set (Hydra: Could not override)", key)
-        parent = child
-    leaf = parts[-1]
-    exists = leaf in parent
-    if prefix == "~":
-        if not exists:
-            raise fail("cannot delete a key that is not in the config (Hydra raises)", key)
+                   "a file")
+    budget.spend(parsed.value, item)
+    if parsed.kind == "delete":
+        _check_deletion(document, parsed, fail)
         return True  # Bridge keeps the recipe's value: nothing changes
-    if prefix == "" and not exists:
-        raise fail("not in the config: Hydra refuses to add a key without '+' (and Bridge "
-                   "would skip a field its dataclass lacks)", key)
-    if prefix == "+" and exists:
-        raise fail("already in the config: '+' adds a new key only (Hydra raises); use "
-                   f"{key}=... or ++{key}=...", key)
-    if isinstance(value, YamlMap) and isinstance(parent.get(leaf), YamlMap):
-        for sub, sub_value in value.items():
-            parent[leaf][sub] = sub_value
-            parent[leaf].key_lines[sub] = None
-            _record(sub_value, f"{key}.{sub}", where, origins)
-        return False
-    parent[leaf] = value
-    parent.key_lines[leaf] = None
-    _record(value, key, where, origins)
+    current = _select(document, parts)
+    if parsed.kind == "add" and current is not None \
+            and not isinstance(parsed.value, (YamlMap, list)):
+        raise fail(f"already in the config: '+' adds a new key only (Hydra raises); use "
+                   f"{key}=... or ++{key}=...")
+    _update(document, parts, parsed.value, parsed.kind != "change", fail)
+    _record(parsed.value, key, (item.label, None), origins)
     return False
 
 
-def parse_value(raw: str, fail, key: str) -> Any:
-    """A Hydra override value as Hydra's grammar reads its primitives."""
-    text = raw.strip()
-    if "${" in text:
-        raise fail("interpolations (${...}) are refused: they resolve from the environment or "
-                   "run resolvers", key)
-    if text == "":
-        return ""
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    lowered = text.lower()
-    if lowered == "null":
-        return None
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if _INT.match(text):
-        digits = len(text.lstrip("+-").replace("_", ""))
-        if digits > MAX_INT_DIGITS:
-            raise fail(f"an integer of {digits} digits; more than {MAX_INT_DIGITS} is refused, "
-                       "as in a file", key)
-        return int(text.replace("_", ""))
-    if _FLOAT.match(text):
-        return float(text.replace("_", ""))
-    if text[0] in "[{":
-        # The loader of files, with its bounds (aliases, expansion, nesting, digits) and its
-        # messages for bad tagged values; an argument has no lines to point at.
-        try:
-            return load_yaml_text(text, "argument", lines=False)
-        except InputError as exc:
-            raise fail(f"cannot read the value as a list or mapping: {exc.message}",
-                       key) from None
-    if _FUNCTION.match(text):
-        raise fail(f"Hydra grammar functions ({text.split('(')[0]}(...)) are not supported", key)
-    if "," in text:
-        raise fail("a sweep (a=1,2) needs Hydra's multirun, which Bridge does not use", key)
-    return text
+def _select(document: YamlMap, parts: list[str]) -> Any:
+    """OmegaConf.select: the value at the dotted key, None when a part is missing."""
+    node: Any = document
+    for part in parts:
+        node = _child(node, part)
+        if node is None:
+            return None
+    return node
+
+
+def _child(node: Any, part: str) -> Any:
+    if isinstance(node, YamlMap):
+        return node.get(part)
+    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        return node[int(part)]
+    return None
+
+
+def _check_deletion(document: YamlMap, parsed: ParsedOverride, fail) -> None:
+    current = _select(document, parsed.key.split("."))
+    if current is None:  # hydra's test: a key set to null cannot be deleted either
+        raise fail("cannot delete a key that is not in the config or is null (Hydra raises)")
+    if parsed.has_value and parsed.value is not None and parsed.value != current:
+        raise fail(f"cannot delete: its value is {current!r}, not {parsed.value!r} (Hydra "
+                   "raises)")
+
+
+def _update(document: YamlMap, parts: list[str], value: Any, force_add: bool, fail) -> None:
+    """OmegaConf.update(merge=True): the parents must exist (or are made, with force_add);
+    a mapping merges into a mapping, anything else replaces."""
+    parent: Any = document
+    for depth, part in enumerate(parts[:-1]):
+        child = _child(parent, part)
+        if child is None and force_add and isinstance(parent, YamlMap):
+            child = parent[part] = YamlMap(line=None)
+            parent.key_lines[part] = None
+        if not isinstance(child, (YamlMap, list)):
+            where = ".".join(parts[:depth + 1])
+            raise fail(f"'{where}' is {'not in the config' if child is None else type_name(child)}"
+                       f", so '{'.'.join(parts)}' cannot be set (Hydra: Could not override)")
+        parent = child
+    leaf = parts[-1]
+    if isinstance(parent, list):
+        if not (leaf.isdigit() and int(leaf) < len(parent)):
+            raise fail(f"'{leaf}' is not an index of the list (Hydra: Could not override)")
+        parent[int(leaf)] = value
+        return
+    if leaf not in parent and not force_add:
+        raise fail("not in the config: Hydra refuses to add a key without '+' (and Bridge "
+                   "would skip a field its dataclass lacks)")
+    _check_kinds(parent.get(leaf), value, ".".join(parts), fail)
+    if isinstance(value, YamlMap) and isinstance(parent.get(leaf), YamlMap):
+        _merge_mapping(parent[leaf], value, force_add, ".".join(parts), fail)
+        return
+    parent[leaf] = value
+    parent.key_lines[leaf] = None
+
+
+def _merge_mapping(target: YamlMap, update: YamlMap, force_add: bool, dotted: str,
+                   fail) -> None:
+    """OmegaConf.merge on Bridge's struct config: a key the target lacks is an error
+    unless the override is `+`/`++` (which opens the struct)."""
+    for key, value in update.items():
+        if key not in target and not force_add:
+            raise fail(f"'{dotted}.{key}' is not in the config: merging a mapping into a "
+                       "section cannot add keys without '+' (Hydra: Could not override)")
+        _check_kinds(target.get(key), value, f"{dotted}.{key}", fail)
+        if isinstance(value, YamlMap) and isinstance(target.get(key), YamlMap):
+            _merge_mapping(target[key], value, force_add, f"{dotted}.{key}", fail)
+            continue
+        target[key] = value
+        target.key_lines[key] = None
+
+
+def _check_kinds(current: Any, value: Any, dotted: str, fail) -> None:
+    """OmegaConf cannot merge a list into a mapping or a mapping into a list."""
+    if isinstance(current, YamlMap) and isinstance(value, list) \
+            or isinstance(current, list) and isinstance(value, YamlMap):
+        raise fail(f"'{dotted}' is {type_name(current)}: a {type_name(value)} cannot be "
+                   "merged into it (Hydra: Error merging override)")
