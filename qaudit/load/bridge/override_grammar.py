@@ -95,6 +95,23 @@ _TOKENS: list[tuple[str, re.Pattern[str]]] = [(kind, re.compile(pattern)) for ki
     ("WS", _WS),
     ("INTERPOLATION", r"\$\{[^}]+\}"),
 )]
+
+
+def _candidates(char: str) -> list[tuple[str, re.Pattern[str]]]:
+    """The token kinds that can start with `char`, in the lexer's order."""
+    starts = {
+        "POPEN": " \t(", "COMMA": " \t,", "PCLOSE": " \t)", "BRACKET_OPEN": "[",
+        "BRACKET_CLOSE": " \t]", "BRACE_OPEN": "{", "BRACE_CLOSE": " \t}", "COLON": " \t:",
+        "EQUAL": " \t=", "FLOAT": "+-.0123456789iInN", "INT": "+-0123456789", "BOOL": "tTfF",
+        "NULL": "nN", "UNQUOTED_CHAR": "/-\\+.$%*@?|", "ESC": "\\", "WS": " \t",
+        "INTERPOLATION": "$"}
+    return [(kind, pattern) for kind, pattern in _TOKENS
+            if char in starts.get(kind, "") or kind == "ID" and (char.isascii() and char.isalpha()
+                                                                 or char == "_")]
+
+
+# Each character's candidate kinds, computed once: most characters start one or two kinds.
+_BY_FIRST = {chr(code): _candidates(chr(code)) for code in range(128)}
 _PRIMITIVE_PARTS = frozenset({"ID", "NULL", "INT", "FLOAT", "BOOL", "INTERPOLATION",
                               "UNQUOTED_CHAR", "COLON", "ESC", "WS"})
 _DICT_KEY_PARTS = _PRIMITIVE_PARTS - {"INTERPOLATION", "COLON"}
@@ -110,7 +127,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
             at = end
             continue
         best: tuple[str, str] | None = None
-        for kind, pattern in _TOKENS:
+        for kind, pattern in _BY_FIRST.get(text[at], ()):
             match = pattern.match(text, at)
             if match and match.end() > at and (best is None or len(match.group()) > len(best[1])):
                 best = (kind, match.group())
