@@ -203,7 +203,9 @@ def _update(document: YamlMap, parts: list[str], value: Any, force_add: bool, fa
     parent: Any = document
     for depth, part in enumerate(parts[:-1]):
         child = _child(parent, part)
-        if child is None and force_add and isinstance(parent, YamlMap):
+        if force_add and isinstance(parent, YamlMap) and not isinstance(child, (YamlMap, list)):
+            # `+`/`++` make the missing parent, and replace a plain value on the way with a
+            # mapping (OmegaConf.update with force_add).
             child = parent[part] = YamlMap(line=None)
             parent.key_lines[part] = None
         if not isinstance(child, (YamlMap, list)):
