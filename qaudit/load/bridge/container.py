@@ -188,6 +188,7 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
     _compose_mtp_pattern(model, flat, put, where)
     _apply_mixed_precision(document, display, flat, put, where, explicit, model)
     _apply_parallel_sections(document, flat, put, where)
+    _sequence_parallel_needs_tp(flat, put, where, model)
     _resolve_fusion(flat, model, explicit, display, where)
     return flat
 
@@ -380,6 +381,22 @@ def _apply_parallel_sections(document: YamlMap, flat: Flat, put, where) -> None:
         if dist is not None and sections.is_on(dist.get(key)):
             flat.notes.append((f"dist.{key} {short_repr(dist[key])}: {why}",
                                where(f"dist.{key}", dist, key), f"dist.{key}"))
+
+
+def _sequence_parallel_needs_tp(flat: Flat, put, where, model: YamlMap) -> None:
+    """The provider's finalize() (Bridge 0.6.2 models/transformer_config.py, called from
+    ConfigContainer.validate) turns sequence parallelism off at tensor-parallel size 1, where
+    Megatron's own config check would refuse it. Nothing the audit judges reads it at TP 1
+    (it only splits the token dimension across TP ranks), so no verdict changes."""
+    tp = _count(flat.mapping.get("tensor_model_parallel_size"))
+    if flat.mapping.get("sequence_parallel") is not True or tp is None or tp > 1:
+        return
+    file, line = where("model.tensor_model_parallel_size", model, "tensor_model_parallel_size")
+    put("sequence_parallel", False, (file, line))
+    flat.info.explanations.append(
+        f"model.sequence_parallel: true with tensor_model_parallel_size {tp or 1} "
+        f"({file}{':' + str(line) if line else ''}): Bridge's provider finalize() turns it off, "
+        "and so does the audit (no verdict depends on it at TP 1)")
 
 
 def _resolve_fusion(flat: Flat, model: YamlMap, explicit: set[str], display: str,
