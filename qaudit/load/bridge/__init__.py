@@ -8,10 +8,11 @@ Nothing the file names is imported.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from qaudit.errors import InputError
 from qaudit.load.bridge.container import Flat, container_kind, flatten
+from qaudit.load.bridge.mixed_precision import RecipeTable
 from qaudit.load.bridge.overrides import Override, apply_overrides
 from qaudit.load.bridge.quant_recipe import recipe_from_node
 from qaudit.load.config import ConfigSource, ModelConfig, SourceNote, config_from_mapping
@@ -77,16 +78,18 @@ def refuse_override_file(path: Path, display: str) -> None:
                      f"recipe's; {how}", file=display, line=inner.line_of("model"), key="model")
 
 
-def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = ()
+def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = (),
+                recipe_table: Callable[[], RecipeTable] | None = None
                 ) -> tuple[ModelConfig, QuantRecipe | None]:
     """`overrides`: override files (`Override(path=...)`) and `key=value` arguments (strings
-    or `Override(text=..., index=...)`), applied as Bridge applies them."""
+    or `Override(text=..., index=...)`), applied as Bridge applies them. `recipe_table`: the
+    named-recipe table, asked for only when `mixed_precision` names a recipe."""
     document = load_yaml(path, display)
     if not isinstance(document, YamlMap) or container_kind(document) is None:
         raise InputError("not a Megatron-Bridge ConfigContainer YAML (no top-level _target_ "
                          "naming a ConfigContainer)", file=display, line=1, key="_target_")
     origins, explicit, remarks = apply_overrides(document, display, overrides)
-    flat = flatten(document, display, origins, explicit)
+    flat = flatten(document, display, origins, explicit, recipe_table)
     flat.info.explanations.extend(remarks)
     return _config(flat, path, display)
 
