@@ -245,3 +245,18 @@ def test_the_check_script_finds_a_difference(tmp_path):
     assert result.returncode == 1, result.stderr
     assert "nemotron_3_super_bf16_with_nvfp4_mixed: differs in num_layers_at_end_in_bf16" \
         in result.stderr
+
+
+def test_a_resolved_megatron_target_stands_for_its_spec(tmp_path):
+    """`diff` resolves --megatron before loading: PATH stays PATH, an installed Megatron's
+    directory (auto) does not limit where the Bridge is looked for."""
+    from qaudit.plan.upstream.releases import KNOWN, NEWEST_RELEASE
+    from qaudit.plan.upstream.target import MegatronTarget
+
+    write_source(tmp_path / "mlm")
+    behaviour = KNOWN[NEWEST_RELEASE]
+    named = MegatronTarget("named", "0.19.2", behaviour, location=str(tmp_path / "mlm"))
+    assert str(tmp_path / "mlm") in recipe_table_for(named).origin
+    installed = MegatronTarget("installed", "0.19.2", behaviour, location=str(tmp_path / "mlm"))
+    assert recipe_table_for(installed, search_path=[str(tmp_path / "none")]).note \
+        == "no Megatron-Bridge importable"

@@ -123,8 +123,13 @@ def recipe_table_for(megatron: object = "auto",
     """The table a verdict uses under `--megatron` (a spec, or a resolved target with a
     location): the Bridge at PATH, else the one Python would find; qaudit's own table when
     there is none or its file cannot be evaluated (the table's note says why)."""
-    location = getattr(megatron, "location", None)
-    spec = location if isinstance(location, str) else megatron
+    # A resolved target stands for its spec: PATH when `--megatron PATH` named it, else auto
+    # (an installed Megatron's directory need not hold the Bridge).
+    if not isinstance(megatron, str):
+        location = getattr(megatron, "location", None)
+        named = getattr(megatron, "source", None) == "named" and isinstance(location, str)
+        megatron = location if named else "auto"
+    spec = megatron
     if isinstance(spec, str) and spec != "auto" and names_a_path(spec):
         found = bridge_at(home_expanded(spec, "--megatron"))
         if found is None:
