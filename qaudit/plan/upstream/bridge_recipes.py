@@ -34,7 +34,7 @@ from qaudit.plan.upstream.editable import finder_roots, pth_roots
 RECIPES_FILE = "megatron/bridge/training/mixed_precision.py"
 _PACKAGE_INFO = "megatron/bridge/package_info.py"
 _MAX_SOURCE_BYTES = 2 * 1024 * 1024
-# Syntax-tree nodes visited while evaluating one file; Bridge 0.6.2's takes about 1,500.
+# Syntax-tree nodes visited while evaluating one file: Bridge 0.6.2's (1,455 nodes) takes 2,621.
 MAX_READ_NODES = 200_000
 _MAX_CHAIN = 32  # recipes starting from recipes, this many deep at most
 _CLASS = "MixedPrecisionConfig"
