@@ -606,14 +606,17 @@ def test_a_mapping_over_a_recipe_name_is_refused_where_bridge_fails(tmp_path, wr
     code, out, err = run_in_process(monkeypatch, capsys, "check", path, "--override", override,
                                     cwd=None)
     assert code == 2 and "Traceback" not in err and f"{override}:3" in err
-    # Hydra's `+`/`++` build the mapping the same way; `=` with a mapping value replaces.
+    # `=` with a mapping value replaces the name as the merge does.
+    argument = "mixed_precision={grad_reduce_in_fp32: false}"
+    with pytest.raises(InputError, match="Bridge would fail") as error:
+        load_bridge(Path(path), path, [argument])
+    assert (error.value.file, error.value.key) == (f"argument 1 ({argument})", "mixed_precision")
+    # Hydra's `+`/`++` build the mapping too: refused, at the argument.
     for argument in ("+mixed_precision.grad_reduce_in_fp32=false",
-                     "++mixed_precision.grad_reduce_in_fp32=false",
-                     "mixed_precision={grad_reduce_in_fp32: false}"):
-        with pytest.raises(InputError, match="Bridge would fail") as error:
+                     "++mixed_precision.grad_reduce_in_fp32=false"):
+        with pytest.raises(InputError) as error:
             load_bridge(Path(path), path, [argument])
         assert error.value.file == f"argument 1 ({argument})"
-        assert error.value.key == argument.lstrip("+").partition("=")[0]
 
 
 def test_a_whole_mixed_precision_section_over_a_recipe_name_is_read(tmp_path, write_yaml):

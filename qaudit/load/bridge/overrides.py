@@ -115,8 +115,6 @@ def _merge(base: YamlMap, update: YamlMap, prefix: str, file: str,
     for key, value in update.items():
         dotted = f"{prefix}{key}"
         line = update.line_of(key)
-        if dotted == "mixed_precision":
-            refuse_mapping_over_recipe_name(base.get(key), value, file, line)
         if isinstance(value, YamlMap) and isinstance(base.get(key), YamlMap) \
                 and "_target_" not in value:
             _merge(base[key], value, dotted + ".", file, origins)
@@ -131,25 +129,6 @@ def _record(value: Any, dotted: str, at: Where, origins: dict[str, Where]) -> No
     if isinstance(value, YamlMap):
         for key in value:
             _record(value[key], f"{dotted}.{key}", (at[0], value.line_of(key)), origins)
-
-
-def refuse_mapping_over_recipe_name(current: Any, value: Any, file: str, line: int | None,
-                                    key: str = "mixed_precision") -> None:
-    """A mapping without `_target_` put where the config holds a recipe name (or nothing):
-    OmegaConf's merge and Hydra's `+`/`++` both put the mapping in place of the name,
-    Bridge's _apply_overrides writes it onto the ConfigContainer as a plain dict (only a
-    `_target_` mapping is instantiated), and runtime_config_update then calls its finalize()."""
-    if not isinstance(value, YamlMap) or "_target_" in value or isinstance(current, YamlMap):
-        return
-    what = "null" if current is None else f"the recipe name {current!r}"
-    raise InputError(
-        f"a mapping set over mixed_precision, which is {what} in the config: Bridge would fail "
-        "at start-up (the mapping replaces the name, _apply_overrides stores it as a plain "
-        "dict, and runtime_config_update's mixed_precision.finalize() raises AttributeError: "
-        "'dict' object has no attribute 'finalize'); name another recipe "
-        "(mixed_precision: NAME), or write the whole section with _target_: "
-        "megatron.bridge.training.mixed_precision.MixedPrecisionConfig",
-        file=file, line=line, key=key)
 
 
 # --- key=value arguments -------------------------------------------------------------------
@@ -186,14 +165,6 @@ def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where]
                    "a file", key)
     value = parse_value(raw, fail, key) if prefix != "~" else None
     budget.spend(value, item)
-    if parts[0] == "mixed_precision" and prefix != "~" and (
-            len(parts) == 1 or prefix in ("+", "++")):
-        # `mixed_precision={...}`, or `+mixed_precision.x=v` (Hydra builds the mapping).
-        nested = value
-        for part in reversed(parts[1:]):
-            nested = YamlMap({part: nested})
-        refuse_mapping_over_recipe_name(document.get("mixed_precision"), nested, item.label,
-                                        None, key)
     parent = document
     for depth, part in enumerate(parts[:-1]):
         child = parent.get(part)
