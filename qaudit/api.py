@@ -95,7 +95,7 @@ def audit(cfg: Any, *, recipe: str | None = None, overrides: Sequence[str] = (),
         from qaudit.commands.inputs import load_inputs
 
         config, loaded_recipe = load_inputs(os.fspath(cfg), recipe, dict(run.variables),
-                                            listed)
+                                            listed, run.megatron)
     else:
         config, loaded_recipe = load_object(cfg, listed)
         try:

@@ -254,7 +254,8 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
         # Inputs load before torch is imported: a bad file is refused at once. Under torchrun
         # the ranks agree on the loading outcome inside audit_files.
         if options.world is None:
-            loaded = load_inputs(config, recipe, dict(options.variables), options.overrides)
+            loaded = load_inputs(config, recipe, dict(options.variables), options.overrides,
+                                 options.megatron)
             from qaudit.commands.check import audit_inputs
 
             report = audit_inputs(*loaded, options, suggest=suggest_fixes)

@@ -582,3 +582,65 @@ def test_fp8_param_alone_is_undone_by_the_gather_flag_written_last(tmp_path):
     assert any(n.key == "mixed_precision.fp8_param" for n in config.source.notes)
     config, _ = load_bridge(Path(path), path, ["mixed_precision.fp8_param_gather=true"])
     assert config.fp8_param is True
+
+
+@pytest.mark.parametrize("current", ["bf16_mixed", None])
+def test_a_mapping_over_a_recipe_name_is_refused_where_bridge_fails(tmp_path, write_yaml,
+                                                                     monkeypatch, capsys, current):
+    """OmegaConf.merge puts the mapping in place of the name, _apply_overrides stores the dict,
+    and runtime_config_update's finalize() raises AttributeError: exit 2 at the override's line
+    (it used to be audited as an FP32 MixedPrecisionConfig)."""
+    path = write_dump(tmp_path, mixed_precision=current)
+    override = write_yaml("over.yaml", """\
+        train:
+          train_iters: 5
+        mixed_precision:
+          grad_reduce_in_fp32: false
+        """)
+    with pytest.raises(InputError) as error:
+        load_files(path, overrides=[Override(path=override)])
+    assert (error.value.file, error.value.line, error.value.key) == (override, 3,
+                                                                     "mixed_precision")
+    assert "Bridge would fail" in error.value.message
+    assert "'dict' object has no attribute 'finalize'" in error.value.message
+    code, out, err = run_in_process(monkeypatch, capsys, "check", path, "--override", override,
+                                    cwd=None)
+    assert code == 2 and "Traceback" not in err and f"{override}:3" in err
+    # `=` with a mapping value replaces the name as the merge does.
+    argument = "mixed_precision={grad_reduce_in_fp32: false}"
+    with pytest.raises(InputError, match="Bridge would fail") as error:
+        load_bridge(Path(path), path, [argument])
+    assert (error.value.file, error.value.key) == (f"argument 1 ({argument})", "mixed_precision")
+    # Hydra's `+`/`++` build the mapping too: refused, at the argument.
+    for argument in ("+mixed_precision.grad_reduce_in_fp32=false",
+                     "++mixed_precision.grad_reduce_in_fp32=false"):
+        with pytest.raises(InputError) as error:
+            load_bridge(Path(path), path, [argument])
+        assert error.value.file == f"argument 1 ({argument})"
+
+
+def test_a_whole_mixed_precision_section_over_a_recipe_name_is_read(tmp_path, write_yaml):
+    """A mapping with `_target_` is instantiated by Bridge: it replaces the name."""
+    path = write_dump(tmp_path, mixed_precision="bf16_with_mxfp8_mixed")
+    override = write_yaml("over.yaml", """\
+        mixed_precision:
+          _target_: megatron.bridge.training.mixed_precision.MixedPrecisionConfig
+          bf16: true
+          grad_reduce_in_fp32: false
+        """)
+    config, _ = load_files(path, overrides=[Override(path=override)])
+    assert config.source.mapping["bf16"] is True and config.fp8 is None
+
+
+def test_tensor_parallel_one_turns_sequence_parallelism_off_as_finalize_does(tmp_path):
+    """Bridge's TransformerConfig.finalize(): sequence_parallel off when TP <= 1."""
+    path = write_dump(tmp_path, model=gpt_model(tensor_model_parallel_size=2,
+                                                sequence_parallel=True))
+    argument = "model.tensor_model_parallel_size=1"
+    config, _ = load_bridge(Path(path), path, [argument])
+    assert config.source.mapping["sequence_parallel"] is False
+    assert config.where("sequence_parallel") == (f"argument 1 ({argument})", None)
+    assert any("sequence_parallel: true with tensor_model_parallel_size 1" in line
+               and "finalize() turns it off" in line for line in config.source.header_notes)
+    config, _ = load_bridge(Path(path), path)  # TP 2 keeps it
+    assert config.source.mapping["sequence_parallel"] is True

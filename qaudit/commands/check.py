@@ -32,7 +32,7 @@ def audit_files(config_path: str, recipe_path: str | None = None,
                 options: AuditOptions = AuditOptions(), suggest: bool = False) -> Report:
     config, recipe = agreed(options.world,
                             lambda: load_inputs(config_path, recipe_path, dict(options.variables),
-                                                        options.overrides))
+                                                options.overrides, options.megatron))
     return audit_inputs(config, recipe, options, suggest)
 
 

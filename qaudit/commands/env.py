@@ -49,6 +49,9 @@ class EnvReport:
     megatron: dict[str, Any] = field(default_factory=dict)
     # The TE behaviour `check --te auto` audits for (qaudit/plan/upstream/te.py).
     te: dict[str, Any] = field(default_factory=dict)
+    # The Megatron-Bridge named-recipe table a Bridge dump naming a recipe is read with
+    # (qaudit/plan/upstream/bridge_recipes.py).
+    bridge_recipes: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": ENV_SCHEMA, **asdict(self)}
@@ -133,13 +136,17 @@ def _te_support() -> list[RecipeSupport] | None:
 def collect() -> EnvReport:
     from qaudit import __version__
 
+    from qaudit.plan.upstream.bridge_recipes import recipe_table_for
     from qaudit.plan.upstream.target import resolve_megatron
     from qaudit.plan.upstream.te import resolve_te
 
+    table = recipe_table_for()
     report = EnvReport(qaudit=__version__, python=platform.python_version(),
                        platform=f"{platform.system()} {platform.machine()}",
                        torch=None, torch_cuda=None, cuda_available=False,
-                       megatron=resolve_megatron().to_dict(), te=resolve_te().to_dict())
+                       megatron=resolve_megatron().to_dict(), te=resolve_te().to_dict(),
+                       bridge_recipes={"origin": table.origin, "note": table.note,
+                                       "recipes": sorted(table.recipes)})
     try:
         import torch
     except Exception as exc:  # noqa: BLE001 - a broken torch is what this command reports
@@ -238,6 +245,11 @@ def render_env_text(report: EnvReport, width: int = 80) -> str:
                   f"{te_target.get('overwrite_main_grad')} ({te_target.get('source')}"
                   + (f": {te_target['location']}" if te_target.get("location") else "")
                   + (f"; {te_target['note']}" if te_target.get("note") else "") + ")")
+    recipes = report.bridge_recipes or {}
+    if recipes:
+        lines += item("  Bridge", f"{len(recipes.get('recipes', []))} named mixed-precision "
+                      f"recipes, from {recipes.get('origin')}"
+                      + (f" ({recipes['note']})" if recipes.get("note") else ""))
     lines += [""]
     te = report.transformer_engine or "not installed"
     lines += item("TE", te if report.te_usable or not report.transformer_engine

@@ -15,10 +15,15 @@ from qaudit.plan import check_plan
 
 def load_inputs(config_path: str, recipe_path: str | None = None,
                 variables: Mapping[str, str] | None = None,
-                overrides: Sequence[str] = ()) -> tuple[ModelConfig, QuantRecipe | None]:
+                overrides: Sequence[str] = (), megatron: object = "auto"
+                ) -> tuple[ModelConfig, QuantRecipe | None]:
     """The inputs, loaded (qaudit/load) and checked against what the plan needs (a pipeline
-    split Megatron would reject is refused here)."""
-    config, recipe = load_files(config_path, recipe_path, variables, overrides)
+    split Megatron would reject is refused here). `megatron` (`--megatron`'s spec or target)
+    also says where a Bridge's named-recipe table is read from."""
+    from qaudit.plan.upstream.bridge_recipes import recipe_table_for
+
+    config, recipe = load_files(config_path, recipe_path, variables, overrides,
+                                lambda: recipe_table_for(megatron))
     try:
         check_plan(config)
     except InputError as exc:

@@ -58,7 +58,7 @@ def check_many(files: list[str], recipe: str | None, options: AuditOptions,
     items: list[Audited] = []
     for path in files:
         try:
-            loaded = load_inputs(path, recipe, dict(options.variables))
+            loaded = load_inputs(path, recipe, dict(options.variables), megatron=options.megatron)
             from qaudit.commands.check import audit_inputs
 
             report = audit_inputs(*loaded, options, suggest=suggest)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from qaudit.errors import InputError
+from qaudit.load.bridge.mixed_precision import RecipeTable
 from qaudit.load.config import ModelConfig, load_model_config
 from qaudit.load.recipe import QuantRecipe, load_recipe
 from qaudit.load.sources import load_source_config
@@ -14,19 +15,22 @@ from qaudit.load.sources import load_source_config
 
 def load_files(config_path: str, recipe_path: str | None = None,
                 variables: Mapping[str, str] | None = None,
-                overrides: Sequence[str] = ()) -> tuple[ModelConfig, QuantRecipe | None]:
+                overrides: Sequence[str] = (),
+                recipe_table: Callable[[], RecipeTable] | None = None
+                ) -> tuple[ModelConfig, QuantRecipe | None]:
     """Load the model config and its recipe (`--recipe` wins over `quant_recipe`).
 
     The config is a bash launch script (`.sh` or a shell shebang), a functional-test YAML with
     `MODEL_ARGS`, a Megatron-Bridge ConfigContainer YAML (with `overrides`: override files and
     `a.b=c` arguments, qaudit/load/bridge/) or a TransformerConfig YAML (see
-    `qaudit.load.sources`).
+    `qaudit.load.sources`). `recipe_table` gives the Bridge named-recipe table when a dump
+    names one (qaudit's own by default).
     """
     from qaudit.load import bridge
 
     path = Path(config_path)
     if bridge.is_bridge_file(path, config_path):
-        config, recipe = bridge.load_bridge(path, config_path, overrides)
+        config, recipe = bridge.load_bridge(path, config_path, overrides, recipe_table)
         if recipe_path is None:
             return config, recipe
     elif overrides:

@@ -8,10 +8,11 @@ Nothing the file names is imported.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from qaudit.errors import InputError
 from qaudit.load.bridge.container import Flat, container_kind, flatten
+from qaudit.load.bridge.mixed_precision import RecipeTable
 from qaudit.load.bridge.overrides import Override, apply_overrides
 from qaudit.load.bridge.quant_recipe import recipe_from_node
 from qaudit.load.config import ConfigSource, ModelConfig, SourceNote, config_from_mapping
@@ -77,16 +78,18 @@ def refuse_override_file(path: Path, display: str) -> None:
                      f"recipe's; {how}", file=display, line=inner.line_of("model"), key="model")
 
 
-def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = ()
+def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = (),
+                recipe_table: Callable[[], RecipeTable] | None = None
                 ) -> tuple[ModelConfig, QuantRecipe | None]:
     """`overrides`: override files (`Override(path=...)`) and `key=value` arguments (strings
-    or `Override(text=..., index=...)`), applied as Bridge applies them."""
+    or `Override(text=..., index=...)`), applied as Bridge applies them. `recipe_table`: the
+    named-recipe table, asked for only when `mixed_precision` names a recipe."""
     document = load_yaml(path, display)
     if not isinstance(document, YamlMap) or container_kind(document) is None:
         raise InputError("not a Megatron-Bridge ConfigContainer YAML (no top-level _target_ "
                          "naming a ConfigContainer)", file=display, line=1, key="_target_")
-    origins, explicit, remarks = apply_overrides(document, display, overrides)
-    flat = flatten(document, display, origins, explicit)
+    origins, explicit, remarks = _overridden(document, display, overrides)
+    flat = flatten(document, display, origins, explicit, recipe_table)
     flat.info.explanations.extend(remarks)
     return _config(flat, path, display)
 
@@ -98,12 +101,44 @@ def load_object(obj: object, overrides: Sequence[Override | str] = ()
 
     display = label_of(obj)
     document = document_of(obj)
-    origins, explicit, remarks = apply_overrides(document, display, overrides)
+    origins, explicit, remarks = _overridden(document, display, overrides)
     flat = flatten(document, display, origins, explicit)
     flat.info.explanations.extend(remarks)
     if container_kind_of_object(document) == "qaudit":
         flat.info.container = "object"
     return _config(flat, Path(display), display)
+
+
+def _overridden(document: YamlMap, display: str, overrides: Sequence[Override | str]
+                ) -> tuple[dict[str, tuple[str, int | None]], set[str], list[str]]:
+    """apply_overrides, then what Bridge's runtime_config_update makes of a mixed_precision
+    mapping the overrides put where the config held a recipe name or null."""
+    before = document.get("mixed_precision")
+    origins, explicit, remarks = apply_overrides(document, display, overrides)
+    _refuse_mapping_over_recipe_name(before, document.get("mixed_precision"), origins)
+    return origins, explicit, remarks
+
+
+def _refuse_mapping_over_recipe_name(before: object, after: object,
+                                     origins: dict[str, tuple[str, int | None]]) -> None:
+    """OmegaConf's merge and Hydra's `+`/`++` put a mapping in place of a recipe name (or
+    null); Bridge's _apply_overrides then stores it on the ConfigContainer as a plain dict
+    (only a `_target_` mapping is instantiated), and runtime_config_update calls finalize()
+    on it. Refused at the override that brought the mapping in."""
+    if isinstance(before, YamlMap) or not isinstance(after, YamlMap) or "_target_" in after:
+        return
+    key = next((k for k in origins if k == "mixed_precision"
+                or k.startswith("mixed_precision.")), "mixed_precision")
+    file, line = origins.get(key, (None, None))
+    what = "null" if before is None else f"the recipe name {before!r}"
+    raise InputError(
+        f"a mapping set over mixed_precision, which is {what} in the config: Bridge would fail "
+        "at start-up (the mapping replaces the name, _apply_overrides stores it as a plain "
+        "dict, and runtime_config_update's mixed_precision.finalize() raises AttributeError: "
+        "'dict' object has no attribute 'finalize'); name another recipe "
+        "(mixed_precision: NAME), or write the whole section with _target_: "
+        "megatron.bridge.training.mixed_precision.MixedPrecisionConfig",
+        file=file, line=line, key=key)
 
 
 def container_kind_of_object(document: YamlMap) -> str:

@@ -12,7 +12,7 @@ a serialized `quant_recipe` read as Megatron's recipe matching reads it (quant_r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from qaudit.errors import InputError
 from qaudit.load.bridge import mixed_precision as mp
@@ -89,9 +89,10 @@ def container_kind(document: Any) -> str | None:
 
 
 def flatten(document: YamlMap, display: str, origins: dict[str, Where],
-            explicit: set[str]) -> Flat:
+            explicit: set[str], recipe_table: Callable[[], mp.RecipeTable] | None = None) -> Flat:
     """`origins`: dotted key -> where an override set it; `explicit`: dotted keys set by an
-    override (which win over what Bridge resolves from the build machine)."""
+    override (which win over what Bridge resolves from the build machine); `recipe_table`:
+    the named recipes (qaudit's table when None)."""
 
     def where(dotted: str, mapping: YamlMap, key: str) -> Where:
         return origins.get(dotted, (display, mapping.line_of(key)))
@@ -186,8 +187,10 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
         if key not in flat.mapping:
             put(key, value, (display, model.line_of("_target_")))
     _compose_mtp_pattern(model, flat, put, where)
-    _apply_mixed_precision(document, display, flat, put, where, explicit, model)
+    _apply_mixed_precision(document, display, flat, put, where, explicit, model,
+                           recipe_table or (lambda: mp.QAUDIT_TABLE))
     _apply_parallel_sections(document, flat, put, where)
+    _sequence_parallel_needs_tp(flat, put, where, model)
     _resolve_fusion(flat, model, explicit, display, where)
     return flat
 
@@ -238,21 +241,24 @@ def _compose_mtp_pattern(model: YamlMap, flat: Flat, put, where) -> None:
 
 
 def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, where,
-                           explicit: set[str], model: YamlMap) -> None:
+                           explicit: set[str], model: YamlMap,
+                           recipe_table: Callable[[], mp.RecipeTable]) -> None:
     node = document.get("mixed_precision")
     if node is None:
         return
     at_section = where("mixed_precision", document, "mixed_precision")
     key_of: dict[str, Where] = {}
     if isinstance(node, str):
-        values = mp.recipe_by_name(node)
+        table = recipe_table()
+        values = mp.recipe_by_name(node, table)
         if values is None:
-            names = ", ".join(sorted(mp.NAMED_RECIPES))
+            names = ", ".join(sorted(table.recipes))
             raise InputError(f"unknown mixed-precision recipe {short_repr(node)} (Bridge's "
-                             f"get_mixed_precision_config raises ValueError); Bridge 0.6.2 has "
-                             f"{names}", file=at_section[0], line=at_section[1],
-                             key="mixed_precision")
-        flat.info.explanations.append(f"mixed_precision: {node} (Bridge's named recipe)")
+                             f"get_mixed_precision_config raises ValueError); "
+                             f"{table.describe()} has {names}", file=at_section[0],
+                             line=at_section[1], key="mixed_precision")
+        flat.info.explanations.append(f"mixed_precision: {node} (Bridge's named recipe, as "
+                                      f"defined by {table.describe()})")
     elif isinstance(node, YamlMap):
         section = _mixed_precision_fields(node, at_section)
         values = dict(mp.DEFAULTS)
@@ -380,6 +386,22 @@ def _apply_parallel_sections(document: YamlMap, flat: Flat, put, where) -> None:
         if dist is not None and sections.is_on(dist.get(key)):
             flat.notes.append((f"dist.{key} {short_repr(dist[key])}: {why}",
                                where(f"dist.{key}", dist, key), f"dist.{key}"))
+
+
+def _sequence_parallel_needs_tp(flat: Flat, put, where, model: YamlMap) -> None:
+    """The provider's finalize() (Bridge 0.6.2 models/transformer_config.py, called from
+    ConfigContainer.validate) turns sequence parallelism off at tensor-parallel size 1, where
+    Megatron's own config check would refuse it. Nothing the audit judges reads it at TP 1
+    (it only splits the token dimension across TP ranks), so no verdict changes."""
+    tp = _count(flat.mapping.get("tensor_model_parallel_size"))
+    if flat.mapping.get("sequence_parallel") is not True or tp is None or tp > 1:
+        return
+    file, line = where("model.tensor_model_parallel_size", model, "tensor_model_parallel_size")
+    put("sequence_parallel", False, (file, line))
+    flat.info.explanations.append(
+        f"model.sequence_parallel: true with tensor_model_parallel_size {tp or 1} "
+        f"({file}{':' + str(line) if line else ''}): Bridge's provider finalize() turns it off, "
+        "and so does the audit (no verdict depends on it at TP 1)")
 
 
 def _resolve_fusion(flat: Flat, model: YamlMap, explicit: set[str], display: str,

@@ -10,6 +10,7 @@ dump was written before that update (`run_recipe.py --dry-run`) or after it (`ru
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 # MixedPrecisionConfig's defaults (fields that reach a model config; fp8_recipe is
@@ -80,10 +81,32 @@ MODEL_FIELDS = ("fp16", "bf16", "params_dtype", "pipeline_dtype", "autocast_dtyp
                 "num_layers_at_end_in_bf16")
 
 
-def recipe_by_name(name: str) -> dict[str, Any] | None:
-    """A named recipe's finalized fields, or None when the release has no such recipe."""
-    fields = NAMED_RECIPES.get(name.replace("-", "_"))
-    return None if fields is None else finalized({**DEFAULTS, **fields})
+QAUDIT_TABLE_VERSION = "0.6.2"
+
+
+@dataclass(frozen=True)
+class RecipeTable:
+    """The named recipes a verdict uses: qaudit's table for a Bridge release, or the one read
+    from the user's Bridge source (qaudit/plan/upstream/bridge_recipes.py)."""
+
+    recipes: dict[str, dict[str, Any]]
+    defaults: dict[str, Any] = field(default_factory=lambda: dict(DEFAULTS))
+    # Said wherever the table is used: "Megatron-Bridge 0.6.2 at PATH", "qaudit's table ...".
+    origin: str = f"qaudit's table for Megatron-Bridge {QAUDIT_TABLE_VERSION}"
+    note: str | None = None  # why qaudit's table, when a Bridge was found but not read
+
+    def describe(self) -> str:
+        return self.origin + (f" ({self.note})" if self.note else "")
+
+
+QAUDIT_TABLE = RecipeTable(NAMED_RECIPES)
+
+
+def recipe_by_name(name: str, table: RecipeTable = QAUDIT_TABLE) -> dict[str, Any] | None:
+    """A named recipe's finalized fields, or None when the table has no such recipe (Bridge's
+    get_mixed_precision_config turns hyphens into underscores before its look-up)."""
+    fields = table.recipes.get(name.replace("-", "_"))
+    return None if fields is None else finalized({**table.defaults, **fields})
 
 
 def finalized(values: dict[str, Any]) -> dict[str, Any]:
