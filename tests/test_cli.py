@@ -147,3 +147,17 @@ def test_readme_says_which_examples_megatron_main_changes(monkeypatch, capsys):
             assert codes[1] == 0
             changed.append(config.name)
     assert changed == sorted(said.groups())
+
+
+def test_readme_example_table_lists_every_bundled_config_with_its_exit_code():
+    """Each configs/*.yaml has one row in the README's table of examples, and its exit code is
+    the one its golden report records (the audit that wrote the golden, for the Megatron the
+    README's table is for)."""
+    rows = re.findall(r"^\| `([^`]+\.yaml)` \| .* \| (\d) \|$", (REPO / "README.md").read_text(),
+                      flags=re.MULTILINE)
+    listed = dict(rows)
+    assert len(listed) == len(rows)
+    assert sorted(listed) == sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
+    for name, code in listed.items():
+        golden = json.loads((GOLDEN / name.replace(".yaml", ".json")).read_text())
+        assert golden["exit_code"] == int(code), name

@@ -312,3 +312,15 @@ def test_gpu_check_runs_what_it_can_and_exits_3_without_te(monkeypatch, tmp_path
     assert result["exit_code"] == 3 and result["sides"] == ["reference-cpu"]
     side = result["configs"][0]["sides"]["reference-cpu"]
     assert side["exit_code"] == 1 and side["gradient_outcome"]["mtp.layers.0.eh_proj"] == "lost"
+
+
+def test_the_te_side_of_a_config_only_the_reference_models_is_not_run(repo_configs):
+    """--runtime te refuses CUDA graphs (exit 2): gpu-check's te side is then n/a with the
+    reason, before anything runs, instead of an error that stops the whole check."""
+    from qaudit.commands.parity import audit_side
+
+    side = audit_side(str(repo_configs / "bridge-super-nvfp4-mtp-bf16.yaml"), "te", verify=False,
+                      steps=1, microbatches=1)
+    assert side.unavailable == ("--runtime te does not model cuda_graph_impl (reference "
+                                "runtime only)")
+    assert side.summary() == "n/a" and side.rows == {}

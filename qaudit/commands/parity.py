@@ -93,6 +93,17 @@ def audit_side(config: str, side: str, *, verify: bool = True, steps: int = 2,
     options = AuditOptions(runtime=runtime, device=device, verify=verify, steps=steps,
                            microbatches=microbatches, policy=policy)
     result = Side(side)
+    if runtime == "te":
+        # A setting only the reference runtime models (CUDA graphs, primary quantized weights)
+        # is refused by --runtime te with exit 2: there is no te side to compare with.
+        from qaudit.commands.inputs import load_inputs
+        from qaudit.run.audit import reference_only_settings
+
+        settings = reference_only_settings(*load_inputs(config))
+        if settings:
+            result.unavailable = (f"--runtime te does not model {', '.join(settings)} "
+                                  "(reference runtime only)")
+            return result
     start = time.perf_counter()
     try:
         report = audit_files(config, options=options)

@@ -23,7 +23,8 @@ class Finding:
     file: str | None
     line: int | None
     fix: str = ""
-    # "confirmed" / "not reproduced" once --verify measured it; None without --verify.
+    # "confirmed" / "not reproduced" once --verify measured it, or the upstream code a
+    # release-keyed rule (QA008) rests on; otherwise None.
     evidence: str | None = None
 
     def __post_init__(self) -> None:

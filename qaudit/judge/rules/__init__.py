@@ -29,6 +29,8 @@ class Hit:
     file: str | None
     line: int | None
     fix: str = ""
+    # The upstream code a finding rests on, when the rule is about one release's code.
+    evidence: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +48,8 @@ class Rule:
                 # A check that builds its own Finding could state another ID or severity.
                 raise TypeError(f"rule {self.id} yielded {type(hit).__name__}, not a Hit")
             found.append(Finding(rule=self.id, severity=self.severity, module=hit.module,
-                                 message=hit.message, file=hit.file, line=hit.line, fix=hit.fix))
+                                 message=hit.message, file=hit.file, line=hit.line, fix=hit.fix,
+                                 evidence=hit.evidence))
         return found
 
 

@@ -21,6 +21,13 @@ tagged sources (docs/te-settings.md lists the files):
 - CUDA graphs: before v2.14 `make_graphed_callables` set every `is_first_microbatch`
   attribute back to True after warm-up (removed by TE PR #2715), so a capture that follows
   warm-up saw the armed flag.
+- CUDA graphs under fp8/fp4: `GroupedLinear.forward` (module/grouped_linear.py) takes the
+  skip-weight-update tensor while a graph is being captured, and then passes
+  `is_first_microbatch=False`, in v2.9 and before and again since v2.17 (TE PRs #3052, #3065,
+  fixing TE issue #3051). From v2.10 (TE PR #2377 rewrote the call) to v2.16.1 it hands
+  `_GroupedLinear` a literal None in that argument's place and never reads the capture state,
+  so the graph records the weight cast without the switch, with whatever flag the caller
+  passed at capture (QA008).
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ CHOOSE_TE_HINT = "pass --te VERSION for the Transformer Engine you run"
 # `getattr(weights[0], ...)` in `_GroupedLinear.backward`, where `weight(s)` is what forward
 # saved for the GEMM (`weightmat`, `weights_fp8`); `_Linear.backward` reads the parameter.
 OVERWRITE_READ_FROM_GEMM_WEIGHT = ("layernorm_linear", "grouped_linear")
+# [first, fixed): the releases whose GroupedLinear drops the graph-capture skip flag (TE #3051).
+GROUPED_SKIP_FLAG_DROPPED = ((2, 10), (2, 17))
 
 
 def te_version_key(version: str) -> tuple[int, ...] | None:
@@ -71,6 +80,8 @@ class TEBehaviour:
     delay_wgrad: bool  # delay_wgrad_compute exists (WeightGradStore, backward_dw)
     delay_wgrad_hooks: bool  # backward_dw runs the registered wgrad hooks
     graph_warmup_rearms: bool  # make_graphed_callables re-arms is_first_microbatch after warm-up
+    # GroupedLinear passes TE's skip-weight-update flag on during a quantized graph capture.
+    grouped_linear_graph_skip_flag: bool
 
     @property
     def reads_overwrite_main_grad(self) -> bool:
@@ -86,7 +97,9 @@ def te_behaviour(version: str) -> TEBehaviour:
                                          if (2, 9) <= key < (2, 15) else frozenset()),
         delay_wgrad=key >= (2, 3),
         delay_wgrad_hooks=key >= (2, 7),
-        graph_warmup_rearms=key < (2, 14))
+        graph_warmup_rearms=key < (2, 14),
+        grouped_linear_graph_skip_flag=not (GROUPED_SKIP_FLAG_DROPPED[0] <= key
+                                            < GROUPED_SKIP_FLAG_DROPPED[1]))
 
 
 @dataclass(frozen=True)
