@@ -10,6 +10,7 @@ turn into "no version" or "not readable" plus a note, never a crash or a hang.
 
 from __future__ import annotations
 
+import ast
 import os
 import stat
 from pathlib import Path
@@ -154,3 +155,17 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return type(exc).__name__
+
+
+def parse_python(path: Path, limit: int, unreadable: type[Exception]) -> ast.Module:
+    """An upstream source file's syntax tree, read within `limit` bytes (never imported);
+    `unreadable` is raised, with the reason, for a file that cannot be read or parsed."""
+    try:
+        source = read_regular(path, limit, whole=True)
+    except RefusedRead as exc:
+        raise unreadable(str(exc)) from None
+    try:
+        return ast.parse(source, filename=str(path))
+    except (ValueError, SyntaxError, RecursionError, MemoryError) as exc:
+        raise unreadable(f"cannot parse {shown(path)}: {type(exc).__name__}: "
+                         f"{str(exc)[:200]}") from None

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from qaudit.load.bridge.mixed_precision import QAUDIT_TABLE, RecipeTable
-from qaudit.plan.upstream.bounded import (RefusedRead, home_expanded, is_file, names_a_path,
-                                          read_regular, shown)
+from qaudit.plan.upstream.bounded import (home_expanded, is_file, names_a_path, parse_python,
+                                          shown)
 from qaudit.plan.upstream.dist_info import dist_info_version
 from qaudit.plan.upstream.editable import finder_roots, pth_roots
 
@@ -153,14 +153,7 @@ def read_recipe_table(location: BridgeLocation) -> RecipeTable:
 
 
 def _parse(path: Path) -> ast.Module:
-    try:
-        source = read_regular(path, _MAX_SOURCE_BYTES, whole=True)
-    except RefusedRead as exc:
-        raise UnreadableRecipes(str(exc)) from None
-    try:
-        return ast.parse(source, filename=str(path))
-    except (ValueError, SyntaxError, RecursionError, MemoryError) as exc:
-        raise UnreadableRecipes(f"cannot parse {shown(path)}: {type(exc).__name__}") from None
+    return parse_python(path, _MAX_SOURCE_BYTES, UnreadableRecipes)
 
 
 def evaluate(tree: ast.Module, label: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from qaudit.plan.policies import REARM_SETTINGS
-from qaudit.plan.upstream.bounded import RefusedRead, is_dir, is_file, read_regular, shown
+from qaudit.plan.upstream.bounded import is_dir, is_file, parse_python, shown
 from qaudit.plan.upstream.dist_info import VersionRead, dist_info_version, plausible_version
 from qaudit.plan.upstream.editable import finder_roots, pth_roots
 from qaudit.plan.upstream.git_head import checkout_commit
@@ -136,15 +136,7 @@ def _package_info_version(root: Path) -> tuple[str | None, str | None]:
 
 
 def _parse(path: Path) -> ast.Module:
-    try:
-        source = read_regular(path, _MAX_SOURCE_BYTES, whole=True)
-    except RefusedRead as exc:
-        raise UnreadableMegatron(str(exc)) from None
-    try:
-        return ast.parse(source, filename=str(path))
-    except (ValueError, SyntaxError, RecursionError, MemoryError) as exc:
-        raise UnreadableMegatron(f"cannot parse {shown(path)}: {type(exc).__name__}: "
-                                 f"{str(exc)[:200]}") from None
+    return parse_python(path, _MAX_SOURCE_BYTES, UnreadableMegatron)
 
 
 def read_behaviour(location: MegatronLocation) -> MegatronBehaviour:
