@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
@@ -20,7 +21,7 @@ from qaudit.load.config import SourceNote
 from qaudit.errors import InputError
 from qaudit.load.sources.argv import HOLE
 from qaudit.load.sources.tokens import External, Word
-from qaudit.load.yamlio import BoundedSafeLoader, value_loader
+from qaudit.load.yamlio import parse_file, read_text, value_loader
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 _BRACKETED = re.compile(r"^\[[^\]]+\]$")
@@ -36,27 +37,21 @@ class Entry:
     line: int
 
 
-def read_model_args_file(text: str, file: str) -> dict[str, list[Entry]] | None:
+def read_model_args_file(path: Path, file: str) -> dict[str, list[Entry]] | None:
     """Top-level sections of a functional-test YAML as ordered entries, or None when the file
     is not such a file (no top-level MODEL_ARGS, or not YAML at all).
 
-    Parsed from PyYAML's node graph (safe loader, nothing constructed beyond scalars and flat
-    lists) because upstream's files repeat keys inside MODEL_ARGS (e.g. --ffn-hidden-size
-    twice) and its runner passes both, so argparse keeps the last: a plain YAML mapping would
-    either refuse the file or silently keep one.
+    Read from PyYAML's node graph (the run's one parse of the file, qaudit/load/run_files.py;
+    nothing constructed beyond scalars and flat lists) because upstream's files repeat keys
+    inside MODEL_ARGS (e.g. --ffn-hidden-size twice) and its runner passes both, so argparse
+    keeps the last: a plain YAML mapping would either refuse the file or silently keep one.
     """
-    if "MODEL_ARGS" not in text:
+    if "MODEL_ARGS" not in read_text(path, file):
         return None  # cheap way out for plain TransformerConfig files
     try:
-        loader = BoundedSafeLoader(text)  # checks every character: may raise ReaderError
-    except yaml.YAMLError:
+        root = parse_file(path, file)
+    except InputError:
         return None  # the plain YAML route reports it, with its line
-    try:
-        root = loader.get_single_node()
-    except (yaml.YAMLError, RecursionError):
-        return None
-    finally:
-        loader.dispose()
     if not isinstance(root, yaml.MappingNode):
         return None
     sections: dict[str, list[Entry]] = {}
