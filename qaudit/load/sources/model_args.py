@@ -28,6 +28,10 @@ _BRACKETED = re.compile(r"^\[[^\]]+\]$")
 # Merge keys can refer to each other; bound the expansion ("billion laughs").
 MAX_MERGE_DEPTH = 10
 MAX_ENTRIES = 20_000
+# Characters of all MODEL_ARGS words once placeholders are filled: twice what a file under the
+# 1 MiB cap holds by itself. Each `${P}` copies P, so 100,000 of them with a 500 KB P would
+# ask for 50 GB; the sum is counted before any word is built.
+MAX_SUBSTITUTED = 2 * 1024 * 1024
 
 
 @dataclass
@@ -144,6 +148,7 @@ def model_args_words(sections: dict[str, list[Entry]], file: str,
     lookup = {**env_values, **variables}  # --set wins
 
     words: list[Word] = []
+    budget = [MAX_SUBSTITUTED]  # characters the substituted words may still take
     for entry in sections["MODEL_ARGS"]:
         value, line = entry.value, entry.line
         if value is False:
@@ -158,14 +163,24 @@ def model_args_words(sections: dict[str, list[Entry]], file: str,
             items = value.strip()[1:-1].split()
         else:
             items = [_scalar_text(value)]
-        words.extend(_substitute(item, line, lookup) for item in items)
+        words.extend(_substitute(item, line, lookup, budget, file, entry.key)
+                     for item in items)
     notes = [SourceNote(f"{key} (the arguments of a later run of this test) is not audited; "
                         f"only MODEL_ARGS is", entries[0].line, key)
              for key, entries in sections.items() if key.startswith("MODEL_ARGS_")]
     return words, notes
 
 
-def _substitute(text: str, line: int | None, lookup: Mapping[str, str]) -> Word:
+def _substitute(text: str, line: int | None, lookup: Mapping[str, str], budget: list[int],
+                file: str, key: str) -> Word:
+    size = len(text) + sum(len(lookup.get(match.group(1) or match.group(2), HOLE)) - len(match[0])
+                           for match in _PLACEHOLDER.finditer(text))
+    budget[0] -= size
+    if budget[0] < 0:
+        raise InputError(f"with its placeholders filled from ENV_VARS and --set, MODEL_ARGS "
+                         f"would hold more than {MAX_SUBSTITUTED:,} characters (this value "
+                         f"alone {size:,}); real files hold a few thousand", file=file,
+                         line=line, key=key)
     unknown: list[External] = []
 
     def replace(match: re.Match) -> str:
