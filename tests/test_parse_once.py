@@ -145,3 +145,34 @@ def test_nothing_is_kept_outside_a_run(tmp_path, counted):
     yamlio.load_yaml(path)
     yamlio.load_yaml(path)
     assert counted[0]["a: 1\n"] == 2
+
+
+MERGES = ("a: &a {x: 1, y: 2}\nb:\n  <<: *a\n  x: 3\n",
+          "a: &a {x: 1}\nb: &b {x: 2, z: 1}\nc:\n  <<: [*a, *b]\n  w: 1\n",
+          "a: &a {x: 1}\nb: &b\n  <<: *a\n  y: 2\nc:\n  <<: *b\n  z: 3\n",
+          "a: &a {x: 1}\nc:\n  <<: *a\n  x: 2\n  x: 3\n")
+
+
+@pytest.mark.parametrize("text", MERGES)
+def test_every_reader_of_one_parse_gets_the_same_document(text, tmp_path, counted):
+    """Merge keys (`<<: *a`) are resolved without rewriting the parsed nodes: the strict
+    reader (a duplicate is an error) and the lenient one (the recipe's: duplicates recorded)
+    read the run's one parse as they read a fresh one, in either order."""
+    from qaudit.errors import InputError
+    from qaudit.load.run_files import one_run
+
+    path = tmp_path / "merge.yaml"
+    path.write_text(text)
+
+    def read(strict: bool):
+        duplicates = None if strict else []
+        try:
+            document = yamlio.load_yaml(path, duplicates=duplicates)
+        except InputError as exc:
+            return str(exc)
+        return repr(document), [(k, v.key_lines) for k, v in document.items()], duplicates
+
+    fresh = [read(True), read(False)]  # outside a run: each call parses
+    with one_run():
+        assert [read(True), read(False), read(False), read(True)] == fresh + fresh[::-1]
+    assert counted[0][text] == 3  # two outside the run, one inside
