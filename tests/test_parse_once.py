@@ -176,3 +176,14 @@ def test_every_reader_of_one_parse_gets_the_same_document(text, tmp_path, counte
     with one_run():
         assert [read(True), read(False), read(False), read(True)] == fresh + fresh[::-1]
     assert counted[0][text] == 3  # two outside the run, one inside
+
+
+def test_the_api_reads_each_file_once_per_call(tmp_path, counted):
+    import qaudit
+
+    shutil.copy(RECIPE, tmp_path / "recipe.yaml")
+    (tmp_path / "cfg.yaml").write_text(CONFIG)
+    qaudit.audit(str(tmp_path / "cfg.yaml"), steps=1, microbatches=1)
+    assert_once(counted, [tmp_path / "cfg.yaml", tmp_path / "recipe.yaml"])
+    qaudit.audit(str(tmp_path / "cfg.yaml"), steps=1, microbatches=1)  # a new call: a new run
+    assert counted[0][CONFIG] == 2
