@@ -91,15 +91,18 @@ def audit(cfg: Any, *, recipe: str | None = None, overrides: Sequence[str] = (),
     options.setdefault("runtime", "reference")
     run = replace(AuditOptions(), megatron=megatron, te=te, policy=policy, overrides=listed,
                   **options)
-    if isinstance(cfg, (str, os.PathLike)):
-        from qaudit.commands.inputs import load_inputs
+    from qaudit.load.run_files import one_run
 
-        config, loaded_recipe = load_inputs(os.fspath(cfg), recipe, dict(run.variables),
-                                            listed, run.megatron)
-    else:
-        config, loaded_recipe = load_object(cfg, listed)
-        try:
-            check_plan(config)
-        except InputError as exc:
-            raise locate_error(exc, config.source) from None
-    return AuditReport(audit_inputs(config, loaded_recipe, run), fail_on)
+    with one_run():  # each file read and parsed once in this call, kept no longer
+        if isinstance(cfg, (str, os.PathLike)):
+            from qaudit.commands.inputs import load_inputs
+
+            config, loaded_recipe = load_inputs(os.fspath(cfg), recipe, dict(run.variables),
+                                                listed, run.megatron)
+        else:
+            config, loaded_recipe = load_object(cfg, listed)
+            try:
+                check_plan(config)
+            except InputError as exc:
+                raise locate_error(exc, config.source) from None
+        return AuditReport(audit_inputs(config, loaded_recipe, run), fail_on)

@@ -200,16 +200,21 @@ def check(
                            cross_check_timeout=cross_check_timeout,
                            cross_check_memory=cross_check_memory or None,
                            allow_long_audit=allow_long_audit, overrides=overrides)
+    from qaudit.load.run_files import one_run
+
     if several:
         from qaudit.commands.many import check_many
 
-        raise typer.Exit(check_many(files, recipe, options, set_values, output_format.value,
-                                    fail_on.value, output, baseline, write_baseline,
-                                    suggest_fixes, show_info))
+        with one_run():  # a recipe shared by several configs is read once
+            code = check_many(files, recipe, options, set_values, output_format.value,
+                              fail_on.value, output, baseline, write_baseline, suggest_fixes,
+                              show_info)
+        raise typer.Exit(code)
     # Under torchrun every rank reaches the same outcome and only rank 0 speaks.
     speaks = world is None or world.is_leader
-    code = _check(files[0], recipe, options, set_values, output_format, fail_on, output, expand,
-                  baseline, write_baseline, suggest_fixes, speaks, show_info)
+    with one_run():
+        code = _check(files[0], recipe, options, set_values, output_format, fail_on, output,
+                      expand, baseline, write_baseline, suggest_fixes, speaks, show_info)
     if world is not None:
         distributed.exit_together(code)
     raise typer.Exit(code)
@@ -378,8 +383,11 @@ def diff(
         outputs = parse_outputs(output, tuple(f.value for f in DiffFormat))
         written = written_files(outputs)
         check_clashes(written, inputs)
-        result = diff_reports(load_side(base, recipe_base, options),
-                              load_side(head, recipe_head, options))
+        from qaudit.load.run_files import one_run
+
+        with one_run():  # a file on both sides (a shared recipe) is read once
+            result = diff_reports(load_side(base, recipe_base, options),
+                                  load_side(head, recipe_head, options))
         check_clashes(written, inputs + [(f"{side} recipe", report.recipe) for side, report
                                          in (("base", result.base), ("head", result.head))
                                          if report.recipe])

@@ -295,3 +295,99 @@ def gen_expansion(r: random.Random, folder: Path) -> Case:
 FAMILIES4 = {"overrides": gen_overrides, "nodes": gen_nodes, "full_size": gen_full_size,
              "directory": gen_directory, "detection": gen_detection,
              "expansion": gen_expansion}
+
+
+# --- the cross-check's result channel (qaudit/crosscheck/plain.py; scripts/fuzz-channel) -------
+
+def _conforming(hint, r: random.Random, depth: int = 0):
+    """A value of the annotated type, as the worker would send it (records of RESULT_KINDS)."""
+    import dataclasses
+    import types
+    import typing
+
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _conforming(r.choice(arguments), r, depth)
+    if hint is type(None) or hint is None:
+        return None
+    if dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        return hint(**{f.name: _conforming(hints[f.name], r, depth + 1)
+                       for f in dataclasses.fields(hint) if f.init})
+    if origin in (list, tuple, dict) and depth > 6:
+        return origin()
+    if origin is list:
+        return [_conforming(arguments[0], r, depth + 1) for _ in range(r.randrange(3))]
+    if origin is tuple:
+        if len(arguments) == 2 and arguments[1] is Ellipsis:
+            return tuple(_conforming(arguments[0], r, depth + 1) for _ in range(r.randrange(3)))
+        return tuple(_conforming(a, r, depth + 1) for a in arguments)
+    if origin is dict:
+        return {_conforming(arguments[0], r, depth + 1): _conforming(arguments[1], r, depth + 1)
+                for _ in range(r.randrange(3))}
+    return {bool: lambda: r.random() < 0.5, int: lambda: r.randrange(-3, 1 << 20),
+            float: lambda: r.choice([0.5, 1e300, float("nan"), float("inf")]),
+            str: lambda: r.choice(["", "linear_fc1", "\u202e", "a\nb"])}.get(
+                hint, lambda: None)()
+
+
+def _mutate(tree, r: random.Random, kinds: list[str]):
+    """One hostile change somewhere in an encoded tree (JSON values)."""
+    if isinstance(tree, dict) and "record" in tree and r.random() < 0.5:
+        fields = tree["fields"]
+        change = r.randrange(6)
+        if change == 0:
+            tree["record"] = r.choice(["Finding", "os._exit", 5, None, kinds[0].lower()])
+        elif change == 1 and fields:
+            fields[r.choice(sorted(fields))] = r.choice(
+                [None, "x", 1, 1.5, [], {"tuple": [1]}, {"map": []}, {"record": "x"}])
+        elif change == 2:
+            fields[r.choice(["__class__", "__reduce__", "zzz"])] = 1
+        elif change == 3 and fields:
+            fields.pop(r.choice(sorted(fields)))
+        elif change == 4:
+            tree["fields"] = r.choice([[], "x", None, {"map": []}])
+        else:
+            tree["extra"] = 1
+        return tree
+    children = (list(tree.values()) if isinstance(tree, dict) else
+                tree if isinstance(tree, list) else [])
+    if children and r.random() < 0.8:
+        _mutate(r.choice(children), r, kinds)
+        return tree
+    if isinstance(tree, list):
+        tree.append(r.choice([{"map": [[[1], 2]]}, {"map": [[{"tuple": [[1]]}, 2]]},
+                              {"map": [1, 2]}, {"tuple": "x"}, {"record": None, "fields": {}},
+                              {"other": 1}, {}]))
+    return tree
+
+
+def channel_payload(r: random.Random) -> bytes:
+    """What a worker (or one planted in the user's Megatron) might send as its result: a
+    well-formed outcome of qaudit's result kinds with one hostile change, or bytes of a
+    hostile shape (not JSON, not ASCII, huge integers, deep nesting, wrong outcome kinds)."""
+    import json
+
+    from qaudit.crosscheck import RESULT_KINDS, UpstreamSide, plain
+
+    shape = r.randrange(10)
+    if shape == 0:
+        return r.choice([b"", b"\x80\x81", b"{", b"nan", b"[" * 100_000 + b"]" * 100_000,
+                         b"1" * 5_000, b'"\\ud800"', b"[1e999999]", "é".encode()])
+    if shape == 1:
+        depth = r.choice([39, 40, 41, 42, 500])
+        return (b'["value", ' + b"[" * depth + b"1" + b"]" * depth + b"]")
+    if shape == 2:
+        return json.dumps(r.choice([["raised", 5], ["qaudit", {"x": 1}], ["value"],
+                                    ["other", 1], {"value": 1}, "value", None,
+                                    ["qaudit", ["InputError", "m"]],
+                                    ["qaudit", {"class": "InputError", "message": 5}],
+                                    ["qaudit", {"class": "InputError", "message": "m",
+                                                "line": "1", "file": ["x"], "key": None}],
+                                    ["qaudit", {"class": "os._exit", "message": "m"}]])).encode()
+    kinds = [kind.__name__ for kind in RESULT_KINDS]
+    value = _conforming(r.choice([UpstreamSide, *RESULT_KINDS]), r)
+    tree = json.loads(plain.encode(["value", value], RESULT_KINDS))
+    if shape < 9:
+        tree = _mutate(tree, r, kinds)
+    return json.dumps(tree).encode()

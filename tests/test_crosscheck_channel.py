@@ -165,3 +165,41 @@ def test_a_worker_announcing_a_huge_result_is_refused_without_reading_it(monkeyp
 def test_tuples_maps_and_floats_keep_their_shape():
     value = {"a": (1, 2.5, None), 3: [True, float("inf")], (1, "k"): "v"}
     assert plain.decode(plain.encode(value, ()), ()) == value
+
+
+# --- scripts/fuzz-channel's generator: every hostile payload is refused as NotPlain -------------
+
+def test_a_tuple_holding_a_list_as_a_map_key_is_not_plain():
+    payload = json.dumps(["value", {"map": [[{"tuple": [[1]]}, 2]]}]).encode()
+    with pytest.raises(plain.NotPlain, match="hashable"):
+        plain.decode(payload, RESULT_KINDS)
+
+
+def test_hostile_channel_payloads_decode_or_are_refused_in_one_line():
+    """A small campaign of scripts/fuzz-channel (seeded): plain data or NotPlain, nothing else
+    (an unhashable map key was a TypeError, exit 3 with a traceback's words)."""
+    import random
+
+    from hostile_inputs4 import channel_payload
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "fuzz-channel"
+    namespace: dict = {"__name__": "fuzz_channel", "__file__": str(script)}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    outcomes = [namespace["decode_outcome"](channel_payload(random.Random(f"t:{i}")))
+                for i in range(400)]
+    assert set(outcomes) == {"plain", "refused"}
+
+
+def test_a_plain_value_that_is_not_the_build_is_exit_3_in_one_line():
+    from qaudit.crosscheck import UpstreamBuilder
+
+    class Job:
+        @staticmethod
+        def result():
+            return {"map": []}
+
+    run = UpstreamBuilder.__new__(UpstreamBuilder)
+    run.job, run.location = Job(), type("Location", (), {"version": "0.19.2", "root": "/x"})()
+    with pytest.raises(EnvironmentProblem, match="not qaudit's plain data") as raised:
+        run._side()
+    assert "\n" not in str(raised.value)

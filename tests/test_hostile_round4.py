@@ -7,6 +7,7 @@ Work is bounded by counting (parses, values, calls), never by time.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -537,8 +538,6 @@ def test_help_is_upstreams_refusal_before_its_parser_runs(word):
 
 @pytest.mark.slow
 def test_help_in_a_launch_script_under_cross_check_is_qa030(megatron, tmp_path):
-    import json
-
     script = tmp_path / "help.sh"
     script.write_text("torchrun pretrain_gpt.py --num-layers 2 --hidden-size 64 "
                       "--num-attention-heads 4 --help\n")
@@ -584,3 +583,71 @@ def test_an_mtp_pattern_composition_past_the_layers_is_refused_unbuilt(length, d
 def test_a_real_mtp_pattern_still_composes(tmp_path):
     code, _, err = cli("check", hybrid_dump(tmp_path, "*E", 2), *SMALL_RUN)
     assert code in (0, 1), err
+
+
+LEGACY_MTP = ("#!/bin/bash\ntorchrun pretrain_mamba.py --num-layers 4 --hidden-size 256 "
+              "--num-attention-heads 4 --hybrid-override-pattern M*M- --mtp-num-layers {depths} "
+              "--mtp-hybrid-override-pattern {mtp}\n")
+
+
+@pytest.mark.parametrize("length,depths", [(40_000, 1000), (1_000, 1024), (4, 2**31)])
+def test_a_launch_scripts_legacy_mtp_pattern_is_sized_before_it_is_composed(length, depths,
+                                                                            tmp_path):
+    """Megatron appends --mtp-hybrid-override-pattern once per depth: a 900 KB pattern x 1,024
+    depths peaked at 1.8 GB before its exit 2 (2**31 depths could not be built). The length is
+    computed first, and nothing near the composed size (40 MB here) is allocated (counted
+    with tracemalloc)."""
+    import tracemalloc
+
+    script = tmp_path / "train.sh"
+    script.write_text(LEGACY_MTP.format(depths=depths, mtp="M" * length))
+    tracemalloc.start()
+    try:
+        err = one_error_line(cli("check", str(script), *SMALL_RUN),
+                             "--mtp-hybrid-override-pattern", "would be")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"{depths} x {length} characters" in err
+    assert peak < 16 * 2**20
+
+
+def test_a_launch_scripts_legacy_mtp_pattern_still_composes(tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text(LEGACY_MTP.format(depths=2, mtp="M-"))  # composed: M*M-/M-/M-
+    code, out, err = cli("check", str(script), *SMALL_RUN, "-f", "json")
+    assert code in (0, 1), err
+    names = [module["name"] for module in json.loads(out)["modules"]]
+    assert [n for n in names if n.startswith("mtp.") and n.endswith(".mlp.linear_fc1")] == [
+        f"mtp.layers.{depth}.mtp_model_layer.layers.1.mlp.linear_fc1" for depth in (0, 1)]
+
+
+@pytest.mark.parametrize("values", ["${P}" * 400, '["' + '", "'.join(["${P}"] * 400) + '"]'])
+def test_model_args_placeholders_are_sized_before_they_are_filled(values, tmp_path):
+    """Each `${P}` of a functional-test YAML copies ENV_VARS' P: 100,000 of them with a 500 KB
+    P asked for 50 GB (MemoryError, exit 3). The substituted size (40 MB here) is counted
+    first: exit 2 naming the flag, nothing near that size allocated (counted with
+    tracemalloc)."""
+    import tracemalloc
+
+    path = tmp_path / "model_config.yaml"
+    path.write_text(f"ENV_VARS:\n  P: {'M' * 100_000}\nMODEL_ARGS:\n  --num-layers: 2\n"
+                    f"  --hidden-size: 64\n  --num-attention-heads: 4\n"
+                    f"  --hybrid-override-pattern: {values}\n")
+    tracemalloc.start()
+    try:
+        one_error_line(cli("check", str(path), *SMALL_RUN), "--hybrid-override-pattern",
+                       "more than 2,097,152 characters")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20
+
+
+def test_model_args_placeholders_within_the_budget_are_filled(tmp_path):
+    path = tmp_path / "model_config.yaml"
+    path.write_text("ENV_VARS:\n  L: 2\n  P: " + "M" * 1000 + "\nMODEL_ARGS:\n"
+                    "  --num-layers: ${L}\n  --hidden-size: 64\n  --num-attention-heads: 4\n"
+                    "  --recompute-modules: [" + ", ".join(['"${P}"'] * 1000) + "]\n")
+    code, _, err = cli("check", str(path), *SMALL_RUN)
+    assert code == 2 and "unknown recompute module 'MMMM" in err  # filled: 1 MB of words read

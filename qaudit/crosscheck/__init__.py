@@ -300,7 +300,12 @@ class UpstreamBuilder:
         if self.job is None:
             return worker.run_in_process(upstream_side, self.arguments, self.limits,
                                          _describe(self.location))
-        return self.job.result()
+        side = self.job.result()
+        if type(side) is not UpstreamSide:  # plain data, but not what upstream_side returns
+            raise EnvironmentProblem(f"{_describe(self.location)}: the worker sent something "
+                                     f"that is not qaudit's plain data (a "
+                                     f"{type(side).__name__}, not the build's result)")
+        return side
 
     def build(self) -> BuiltModel:
         if self.unsupported:

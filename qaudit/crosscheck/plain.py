@@ -85,13 +85,22 @@ def _rebuild(tree: Any, named: dict[str, type], depth: int) -> Any:
         rebuilt = {}
         for key, item in pairs:
             key = _rebuild(key, named, depth + 1)
-            if type(key) not in (str, int, float, bool, tuple) and key is not None:
+            if type(key) not in (str, int, float, bool, tuple) and key is not None \
+                    or not _hashable(key):  # a tuple may hold a list
                 raise NotPlain("a map key is not hashable plain data")
             rebuilt[key] = _rebuild(item, named, depth + 1)
         return rebuilt
     if set(tree) == {_RECORD, "fields"} and type(tree["fields"]) is dict:
         return _record(tree[_RECORD], tree["fields"], named, depth)
     raise NotPlain("an object of no known shape")
+
+
+def _hashable(key: Any) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
 
 
 def _record(name: Any, values: dict, named: dict[str, type], depth: int) -> Any:

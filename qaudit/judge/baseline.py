@@ -35,6 +35,7 @@ from typing import Any
 
 from qaudit.errors import InputError
 from qaudit.load.jsonfile import read_qaudit_json
+from qaudit.load.yamlio import read_text
 from qaudit.files.outputs import check_output_path
 from qaudit.files.paths import repo_relative, unreadable
 from qaudit.judge.report import Finding, Report
@@ -202,9 +203,10 @@ def apply_comments(report: Report) -> Report:
         rules = None
         if finding.file and finding.line:
             if finding.file not in cache:
-                try:
-                    cache[finding.file] = Path(finding.file).read_text(encoding="utf-8").splitlines()
-                except (OSError, UnicodeDecodeError):
+                try:  # the text this run read already (qaudit/load/run_files.py)
+                    cache[finding.file] = read_text(Path(finding.file),
+                                                    finding.file).splitlines()
+                except InputError:
                     cache[finding.file] = None
             lines = cache[finding.file]
             if lines is not None:

@@ -26,6 +26,14 @@ def load_files(config_path: str, recipe_path: str | None = None,
     `qaudit.load.sources`). `recipe_table` gives the Bridge named-recipe table when a dump
     names one (qaudit's own by default).
     """
+    from qaudit.load.run_files import one_run
+
+    with one_run():  # each file read and parsed once, however many readers look at it
+        return _load_files(config_path, recipe_path, variables, overrides)
+
+
+def _load_files(config_path: str, recipe_path: str | None, variables: Mapping[str, str] | None,
+                overrides: Sequence[str]) -> tuple[ModelConfig, QuantRecipe | None]:
     from qaudit.load import bridge
 
     path = Path(config_path)
@@ -40,9 +48,10 @@ def load_files(config_path: str, recipe_path: str | None = None,
                          "top-level _target_ naming a ConfigContainer)", file=config_path)
     else:
         bridge.refuse_override_file(path, config_path)
-        _refuse_recipe_file(path, config_path)
-        config = load_source_config(path, config_path, variables) \
-            or load_model_config(path, config_path)
+        config = load_source_config(path, config_path, variables)
+        if config is None:  # not a launch script nor MODEL_ARGS: a YAML of fields, or a recipe
+            _refuse_recipe_file(path, config_path)
+            config = load_model_config(path, config_path)
     if recipe_path is not None:
         config.quant_recipe = recipe_path
         return config, load_recipe(Path(recipe_path), recipe_path)

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 import yaml
 
 from qaudit.errors import InputError
+from qaudit.load import run_files
 
 # Real configs, recipes and launch scripts are a few KB; PyYAML's pure-Python scanner needs
 # seconds per MB, so this also bounds the time any input can take to parse.
@@ -86,6 +87,7 @@ class _LineLoader(BoundedSafeLoader):
         # None: a duplicate key is an error. A list: PyYAML's own behaviour (the last value
         # wins, at the first one's position in the mapping), each duplicate recorded here.
         self.duplicates = duplicates
+        self.merged_pairs: dict[int, tuple[list, int]] = {}  # _merged_pairs's memo
 
     def compose_node(self, parent: Any, index: Any) -> Any:  # noqa: D401 - PyYAML hook
         if self.check_event(yaml.AliasEvent):
@@ -129,32 +131,87 @@ class Duplicate:
     key: Any
     first_line: int
     line: int
+    # A key a merge (`<<: *x`) brought in, written again: plain YAML, refused only by the
+    # strict loader.
+    merged: bool = False
 
 
 def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> YamlMap:
-    written = sum(1 for key_node, _ in node.value if key_node.tag != "tag:yaml.org,2002:merge")
-    loader.flatten_mapping(node)
-    merged = len(node.value) - written  # flatten_mapping puts merged pairs first
+    pairs, merged = _merged_pairs(node, loader.merged_pairs)
     result = YamlMap(line=node.start_mark.line + 1 if loader.lines else None)
     from_merge: set[Any] = set()  # keys whose value a merge key (`<<: *x`) brought in
-    for index, (key_node, value_node) in enumerate(node.value):
+    for index, (key_node, value_node) in enumerate(pairs):
         key = loader.construct_object(key_node, deep=True)
         line = key_node.start_mark.line + 1
         if not isinstance(key, (str, int, float, bool)) and key is not None:
             raise InputError("mapping keys must be plain scalars", file=loader.file, line=line)
-        if loader.duplicates is not None:
-            if index < merged:
-                from_merge.add(key)
-            elif key in from_merge:
-                from_merge.discard(key)  # a written key overriding a merged one: plain YAML
-            elif key in result:
-                loader.duplicates.append(Duplicate(key, result.key_lines[key], line))
-        elif key in result:
-            raise InputError("duplicate key (the first value would be silently replaced)",
-                             file=loader.file, line=line, key=str(key))
+        if key in result:
+            repeat = Duplicate(key, result.key_lines[key], line,
+                               merged=index < merged or key in from_merge)
+            if loader.duplicates is None:
+                raise duplicate_error(repeat, loader.file)
+            if not repeat.merged:
+                loader.duplicates.append(repeat)
+        if index < merged:
+            from_merge.add(key)
+        else:
+            from_merge.discard(key)  # a written key overriding a merged one: plain YAML
         result[key] = loader.construct_object(value_node, deep=True)
         result.key_lines[key] = line if loader.lines else None
     return result
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _merged_pairs(node: yaml.MappingNode, memo: dict[int, tuple[list, int]]
+                  ) -> tuple[list, int]:
+    """The mapping's (key, value) node pairs with its merge keys (`<<: *x`) replaced by the
+    pairs they bring in, placed first and picked as the installed PyYAML's flatten_mapping
+    picks them, and how many were brought in. Unlike flatten_mapping it leaves the node graph
+    as parsed: each reader of a file builds its document from the run's one parse
+    (run_files), and the MODEL_ARGS reader reads the merge keys themselves. `memo`: the
+    mappings already done in this document (a chain of merges costs its length, not its
+    square)."""
+    if id(node) in memo:
+        return memo[id(node)]
+    merge: list = []
+    seen: set[int] = set()  # a key node's text reached again through the same anchor
+
+    def bring(source: yaml.MappingNode) -> None:
+        for pair in _merged_pairs(source, memo)[0]:
+            if id(pair[0].value) not in seen:
+                seen.add(id(pair[0].value))
+                merge.append(pair)
+
+    written = []
+    for key_node, value_node in node.value:
+        if key_node.tag != _MERGE:
+            if key_node.tag == "tag:yaml.org,2002:value":  # `=` as a key is a plain string
+                key_node.tag = "tag:yaml.org,2002:str"
+            written.append((key_node, value_node))
+        elif isinstance(value_node, yaml.MappingNode):
+            bring(value_node)
+        elif isinstance(value_node, yaml.SequenceNode):
+            for subnode in value_node.value:
+                if not isinstance(subnode, yaml.MappingNode):
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"expected a mapping for merging, but found {subnode.id}",
+                        subnode.start_mark)
+                bring(subnode)
+        else:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark,
+                f"expected a mapping or list of mappings for merging, but found {value_node.id}",
+                value_node.start_mark)
+    memo[id(node)] = merge + written, len(merge)
+    return memo[id(node)]
+
+
+def duplicate_error(repeat: Duplicate, file: str) -> InputError:
+    return InputError("duplicate key (the first value would be silently replaced)",
+                      file=file, line=repeat.line, key=str(repeat.key))
 
 
 def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> YamlList:
@@ -173,46 +230,87 @@ def value_loader(file: str) -> BoundedSafeLoader:
 
 
 def read_text(path: Path, display: str) -> str:
-    """Read a small UTF-8 text file, turning every failure into an InputError."""
+    """Read a small UTF-8 text file, turning every failure into an InputError; within a run
+    (run_files.one_run), a file already read is not read again."""
+    return _read(path, display)[0]
+
+
+def _read(path: Path, display: str) -> tuple[str, run_files.FileKey | None]:
+    """The file's text and, within a run, its key there."""
     try:
-        mode = os.stat(path).st_mode  # one stat: a link loop is said as such, not "not found"
+        stat_result = os.stat(path)  # one stat: a link loop is said as such, not "not found"
     except FileNotFoundError:
         raise InputError("file not found", file=display) from None
     except (OSError, ValueError) as exc:  # link loop, name too long, NUL, no permission
         raise InputError(f"cannot open file: {getattr(exc, 'strerror', None) or exc}",
                          file=display) from None
+    mode = stat_result.st_mode
     if stat.S_ISDIR(mode):
         raise InputError("is a directory, expected a YAML file", file=display)
     if not stat.S_ISREG(mode):
         # Devices and pipes report no size and may never end.
         raise InputError("not a regular file", file=display)
+    if stat_result.st_size > MAX_FILE_BYTES:
+        raise InputError(f"file is {stat_result.st_size} bytes; more than {MAX_FILE_BYTES} is "
+                         "refused", file=display)
+    files = run_files.current()
+    key = run_files.file_key(path, stat_result) if files is not None else None
+    if key is not None and key in files.texts:
+        return files.texts[key], key
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise InputError(f"file is {size} bytes; more than {MAX_FILE_BYTES} is refused",
-                             file=display)
         data = path.read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read file: {exc.strerror}", file=display) from None
+    if len(data) > MAX_FILE_BYTES:  # it grew since the stat
+        raise InputError(f"file is {len(data)} bytes; more than {MAX_FILE_BYTES} is refused",
+                         file=display)
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise InputError("not UTF-8 text", file=display, line=line) from None
+    if key is not None:
+        files.texts[key] = text
+    return text, key
 
 
 def load_yaml(path: Path, display: str | None = None,
               duplicates: list[Duplicate] | None = None) -> Any:
     """Load one YAML document safely; errors carry the file and line. With `duplicates`, a
-    key written twice is kept as PyYAML keeps it (last value) and recorded there."""
+    key written twice is kept as PyYAML keeps it (last value) and recorded there. Within a
+    run the file is parsed once; each call builds its own document from the parse."""
     display = display or str(path)
-    return load_yaml_text(read_text(path, display), display, duplicates)
+    return _construct(parse_file(path, display), display, duplicates, lines=True)
+
+
+def parse_file(path: Path, display: str) -> yaml.Node:
+    """The file's YAML node graph (parsed once per run, run_files), bounded as `load_yaml`."""
+    text, key = _read(path, display)
+    files = run_files.current()
+    if key is None or files is None:
+        return parse_text(text, display)
+    if key not in files.parsed:
+        try:
+            files.parsed[key] = parse_text(text, display)
+        except InputError as exc:
+            files.parsed[key] = exc
+    outcome = files.parsed[key]
+    if isinstance(outcome, InputError):  # said about the file as this caller names it
+        raise InputError(outcome.message, file=display, line=outcome.line,
+                         key=outcome.key) from None
+    return outcome
 
 
 def load_yaml_text(text: str, display: str, duplicates: list[Duplicate] | None = None,
                    lines: bool = True) -> Any:
     """`load_yaml` on text already read (or given on the command line: `lines` False leaves
     every line unknown), within the same bounds: size, aliases, expansion, nesting, digits."""
+    return _construct(parse_text(text, display, lines), display, duplicates, lines)
+
+
+def parse_text(text: str, display: str, lines: bool = True) -> yaml.Node:
+    """The one place YAML text is parsed (scanned and composed into PyYAML's node graph),
+    within the bounds on size, aliases and nesting; every failure is an InputError."""
     if len(text) > MAX_FILE_BYTES:
         raise InputError(f"{len(text)} characters; more than {MAX_FILE_BYTES} is refused",
                          file=display)
@@ -220,36 +318,52 @@ def load_yaml_text(text: str, display: str, duplicates: list[Duplicate] | None =
         raise InputError("binary data (NUL byte), expected YAML text", file=display)
     loader = None
     try:
-        loader = _LineLoader(text, display, duplicates, lines)  # checks every character
+        loader = _LineLoader(text, display, lines=lines)  # checks every character
         node = loader.get_single_node()
-        if node is None:
-            raise InputError("empty file, expected a YAML mapping", file=display)
-        document = loader.construct_document(node)
-        expanded = expanded_size(document)
-        if expanded > MAX_EXPANDED_VALUES:
-            raise InputError(f"aliases expand this document to {expanded} values; more than "
-                             f"{MAX_EXPANDED_VALUES} is refused", file=display)
-        return document
-    except NestedTooDeeply as exc:
-        raise InputError(f"YAML nested too deeply (more than {MAX_NESTING} levels)", file=display,
-                         line=exc.problem_mark.line + 1 if lines else None) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark and lines else None
-        problem = exc.problem or exc.context or "invalid YAML"
-        raise InputError(f"invalid YAML: {problem}", file=display, line=line) from None
     except yaml.reader.ReaderError as exc:
         line = text[: exc.position].count("\n") + 1 if lines else None
         raise InputError(f"invalid YAML: unacceptable character #x{exc.character:04x}: "
                          f"{exc.reason}", file=display, line=line) from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"invalid YAML: {str(exc).splitlines()[0] if str(exc) else 'error'}",
-                         file=display) from None
-    except RecursionError:
-        raise InputError("YAML nested too deeply", file=display) from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise _yaml_error(exc, display, lines) from None
     finally:
         if loader is not None:
             loader.dispose()
+    if node is None:
+        raise InputError("empty file, expected a YAML mapping", file=display)
+    return node
+
+
+def _construct(node: yaml.Node, display: str, duplicates: list[Duplicate] | None,
+               lines: bool) -> Any:
+    """The document of a parsed node graph (YamlMap/YamlList, lines kept), bounded in size."""
+    loader = _LineLoader("", display, duplicates, lines)
+    try:
+        document = loader.construct_document(node)
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise _yaml_error(exc, display, lines) from None
+    finally:
+        loader.dispose()
+    expanded = expanded_size(document)
+    if expanded > MAX_EXPANDED_VALUES:
+        raise InputError(f"aliases expand this document to {expanded} values; more than "
+                         f"{MAX_EXPANDED_VALUES} is refused", file=display)
+    return document
+
+
+def _yaml_error(exc: BaseException, display: str, lines: bool) -> InputError:
+    if isinstance(exc, RecursionError):
+        return InputError("YAML nested too deeply", file=display)
+    if isinstance(exc, NestedTooDeeply):
+        return InputError(f"YAML nested too deeply (more than {MAX_NESTING} levels)",
+                          file=display, line=exc.problem_mark.line + 1 if lines else None)
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark and lines else None
+        problem = exc.problem or exc.context or "invalid YAML"
+        return InputError(f"invalid YAML: {problem}", file=display, line=line)
+    return InputError(f"invalid YAML: {str(exc).splitlines()[0] if str(exc) else 'error'}",
+                      file=display)
 
 
 def expanded_size(value: Any) -> int:

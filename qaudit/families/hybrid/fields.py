@@ -84,7 +84,7 @@ def resolve(config: ModelConfig, given: set[str]) -> None:
         config.share_embeddings_and_output_weights = False  # HybridModel's default, unlike GPT's
     if "num_layers" in given and config.num_layers != len(pattern.main):
         fail("num_layers", f"contradicts {key}: the pattern has {len(pattern.main)} decoder "
-             f"layers ({pattern.main!r}); drop num_layers or make them agree")
+             f"layers ({short_repr(pattern.main)}); drop num_layers or make them agree")
     config.num_layers = len(pattern.main)
     if config.mtp_num_layers and config.mtp_num_layers != pattern.mtp_depths:
         depths = (f"{pattern.mtp_depths} MTP depths" if pattern.mtp_depths

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from qaudit.errors import InputError
-from qaudit.families.hybrid.pattern import MTP_SEPARATOR, parse_pattern
+from qaudit.families.hybrid.pattern import MTP_SEPARATOR, composed_length, parse_pattern
+from qaudit.load import config as load_config
 from qaudit.load.sources.argv import Occurrence
 from qaudit.load.unmodelled import HYBRID_WITHOUT_PATTERN
 from qaudit.load.yamlio import short_repr
@@ -44,7 +45,18 @@ def apply(t: Translator) -> None:
     depths = t.mapping.get("mtp_num_layers")
     if legacy is not None and isinstance(depths, int) and depths > 0 \
             and (pattern is None or MTP_SEPARATOR not in pattern):
-        pattern = (pattern or "") + MTP_SEPARATOR + MTP_SEPARATOR.join(t.needed(legacy) * depths)
+        mtp = t.needed(legacy)
+        # Sized before it is built: each symbol is a layer, and past twice the layers qaudit
+        # builds it is refused whatever the rest says (a 900 KB pattern times 1,024 depths
+        # peaked at 1.8 GB before; 2**31 depths could not be built at all).
+        size = composed_length(pattern or "", "".join(mtp), depths)
+        limit = 2 * load_config.MAX_BUILT_LAYERS
+        if size > limit:
+            raise InputError(f"the pattern composed with this MTP pattern once per depth "
+                             f"({depths} x {len(''.join(mtp))} characters) would be {size} "
+                             f"characters: more layers than the {load_config.MAX_BUILT_LAYERS} "
+                             "qaudit builds", file=t.file, line=legacy.line, key=legacy.flag)
+        pattern = (pattern or "") + MTP_SEPARATOR + MTP_SEPARATOR.join(mtp * depths)
         source = legacy
         t.set("hybrid_layer_pattern", pattern, legacy.line, legacy.flag)
     if pattern is None:

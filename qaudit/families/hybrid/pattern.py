@@ -71,6 +71,13 @@ def parse_pattern(pattern: str) -> HybridPattern:
     return HybridPattern(segments, first, len(mtp_parts))
 
 
+def composed_length(main: str, mtp: str, copies: int) -> int:
+    """Characters of `main` followed by '/' + `mtp` once per depth, counted without building
+    it: Bridge's finalize() and Megatron's legacy --mtp-hybrid-override-pattern compose the
+    pattern that way, and a long MTP pattern times many depths would not fit in memory."""
+    return len(main) + copies * (len(mtp) + 1)
+
+
 def pattern_from_ratios(num_layers: int, attention_ratio: float, mlp_ratio: float) -> str:
     """The deprecated ratio allocation: attention layers evenly spaced among Mamba layers,
     then MLP layers evenly among the remaining Mamba ones (upstream `pattern_from_ratios`)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from qaudit.errors import InputError
+from qaudit.families.hybrid.pattern import composed_length
 from qaudit.load.bridge import mixed_precision as mp
 from qaudit.load.bridge import sections
 from qaudit.load.bridge.nodes import is_reference, plain, short_name, target_of
@@ -224,7 +225,7 @@ def _compose_mtp_pattern(model: YamlMap, flat: Flat, put, where) -> None:
     # Sized before it is built: each symbol is a layer (or a pipeline split), and more than
     # twice the layers qaudit builds is refused whatever the rest says (a 900 KB MTP pattern
     # times its depths peaked at 1.85 GB before).
-    size = len(main) + copies * (len(mtp_pattern) + 1)
+    size = composed_length(main, mtp_pattern, copies)
     if size > 2 * config_module.MAX_BUILT_LAYERS:
         file, line = where("model.mtp_hybrid_override_pattern", model,
                            "mtp_hybrid_override_pattern")

@@ -36,13 +36,15 @@ def load_source_config(path: Path, display: str,
     inference_test = False
     if not os.path.isfile(path):  # False, not OSError, for a name too long (read_text says why)
         return None
-    if looks_like_launch_script(path.suffix, _first_line(path)):
-        text = read_text(path, display)
+    # Read once per run (qaudit/load/run_files.py): every route below raises the same error
+    # for a file that cannot be read as UTF-8 text.
+    text = read_text(path, display)
+    if looks_like_launch_script(path.suffix, text[:200].partition("\n")[0]):
         if "\x00" in text:
             raise InputError("binary data (NUL byte), expected a bash script", file=display)
         words, notes, script = launch_script_words(text, display, variables)
     elif path.suffix in (".yaml", ".yml") or not path.suffix:
-        sections = read_model_args_file(read_text(path, display), display)
+        sections = read_model_args_file(path, display)
         if sections is None:
             return None  # not a MODEL_ARGS file: the plain TransformerConfig YAML route
         words, notes = model_args_words(sections, display, variables)
@@ -62,14 +64,6 @@ def load_source_config(path: Path, display: str,
         # Name the flag the user wrote rather than the TransformerConfig field.
         raise InputError(exc.message, file=exc.file, line=exc.line,
                          key=result.flag_of.get(exc.key or "", exc.key)) from None
-
-
-def _first_line(path: Path) -> str:
-    try:
-        with path.open("rb") as handle:
-            return handle.readline(200).decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 def _resolve_recipe(mapping, path: Path, display: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
@@ -20,13 +21,17 @@ from qaudit.load.config import SourceNote
 from qaudit.errors import InputError
 from qaudit.load.sources.argv import HOLE
 from qaudit.load.sources.tokens import External, Word
-from qaudit.load.yamlio import BoundedSafeLoader, value_loader
+from qaudit.load.yamlio import parse_file, read_text, value_loader
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 _BRACKETED = re.compile(r"^\[[^\]]+\]$")
 # Merge keys can refer to each other; bound the expansion ("billion laughs").
 MAX_MERGE_DEPTH = 10
 MAX_ENTRIES = 20_000
+# Characters of all MODEL_ARGS words once placeholders are filled: twice what a file under the
+# 1 MiB cap holds by itself. Each `${P}` copies P, so 100,000 of them with a 500 KB P would
+# ask for 50 GB; the sum is counted before any word is built.
+MAX_SUBSTITUTED = 2 * 1024 * 1024
 
 
 @dataclass
@@ -36,27 +41,21 @@ class Entry:
     line: int
 
 
-def read_model_args_file(text: str, file: str) -> dict[str, list[Entry]] | None:
+def read_model_args_file(path: Path, file: str) -> dict[str, list[Entry]] | None:
     """Top-level sections of a functional-test YAML as ordered entries, or None when the file
     is not such a file (no top-level MODEL_ARGS, or not YAML at all).
 
-    Parsed from PyYAML's node graph (safe loader, nothing constructed beyond scalars and flat
-    lists) because upstream's files repeat keys inside MODEL_ARGS (e.g. --ffn-hidden-size
-    twice) and its runner passes both, so argparse keeps the last: a plain YAML mapping would
-    either refuse the file or silently keep one.
+    Read from PyYAML's node graph (the run's one parse of the file, qaudit/load/run_files.py;
+    nothing constructed beyond scalars and flat lists) because upstream's files repeat keys
+    inside MODEL_ARGS (e.g. --ffn-hidden-size twice) and its runner passes both, so argparse
+    keeps the last: a plain YAML mapping would either refuse the file or silently keep one.
     """
-    if "MODEL_ARGS" not in text:
+    if "MODEL_ARGS" not in read_text(path, file):
         return None  # cheap way out for plain TransformerConfig files
     try:
-        loader = BoundedSafeLoader(text)  # checks every character: may raise ReaderError
-    except yaml.YAMLError:
+        root = parse_file(path, file)
+    except InputError:
         return None  # the plain YAML route reports it, with its line
-    try:
-        root = loader.get_single_node()
-    except (yaml.YAMLError, RecursionError):
-        return None
-    finally:
-        loader.dispose()
     if not isinstance(root, yaml.MappingNode):
         return None
     sections: dict[str, list[Entry]] = {}
@@ -156,6 +155,7 @@ def model_args_words(sections: dict[str, list[Entry]], file: str,
     lookup = {**env_values, **variables}  # --set wins
 
     words: list[Word] = []
+    budget = [MAX_SUBSTITUTED]  # characters the substituted words may still take
     for entry in sections["MODEL_ARGS"]:
         value, line = entry.value, entry.line
         if value is False:
@@ -170,14 +170,24 @@ def model_args_words(sections: dict[str, list[Entry]], file: str,
             items = value.strip()[1:-1].split()
         else:
             items = [_scalar_text(value)]
-        words.extend(_substitute(item, line, lookup) for item in items)
+        words.extend(_substitute(item, line, lookup, budget, file, entry.key)
+                     for item in items)
     notes = [SourceNote(f"{key} (the arguments of a later run of this test) is not audited; "
                         f"only MODEL_ARGS is", entries[0].line, key)
              for key, entries in sections.items() if key.startswith("MODEL_ARGS_")]
     return words, notes
 
 
-def _substitute(text: str, line: int | None, lookup: Mapping[str, str]) -> Word:
+def _substitute(text: str, line: int | None, lookup: Mapping[str, str], budget: list[int],
+                file: str, key: str) -> Word:
+    size = len(text) + sum(len(lookup.get(match.group(1) or match.group(2), HOLE)) - len(match[0])
+                           for match in _PLACEHOLDER.finditer(text))
+    budget[0] -= size
+    if budget[0] < 0:
+        raise InputError(f"with its placeholders filled from ENV_VARS and --set, MODEL_ARGS "
+                         f"would hold more than {MAX_SUBSTITUTED:,} characters (this value "
+                         f"alone {size:,}); real files hold a few thousand", file=file,
+                         line=line, key=key)
     unknown: list[External] = []
 
     def replace(match: re.Match) -> str:
