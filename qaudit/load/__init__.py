@@ -29,11 +29,12 @@ def load_files(config_path: str, recipe_path: str | None = None,
     from qaudit.load.run_files import one_run
 
     with one_run():  # each file read and parsed once, however many readers look at it
-        return _load_files(config_path, recipe_path, variables, overrides)
+        return _load_files(config_path, recipe_path, variables, overrides, recipe_table)
 
 
 def _load_files(config_path: str, recipe_path: str | None, variables: Mapping[str, str] | None,
-                overrides: Sequence[str]) -> tuple[ModelConfig, QuantRecipe | None]:
+                overrides: Sequence[str], recipe_table: Callable[[], RecipeTable] | None
+                ) -> tuple[ModelConfig, QuantRecipe | None]:
     from qaudit.load import bridge
 
     path = Path(config_path)
