@@ -560,22 +560,27 @@ def hybrid_dump(tmp_path: Path, mtp_pattern: str, depths: int) -> str:
     return str(path)
 
 
+def _refused_with_peak(argv: list[str], *words: str) -> tuple[str, int]:
+    """One exit-2 line holding `words`, and the peak of what Python allocated meanwhile."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        err = one_error_line(cli(*argv), *words)
+        return err, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 @pytest.mark.parametrize("length,depths", [(200_000, 1000), (1_000, 1024), (2_100, 1)])
 def test_an_mtp_pattern_composition_past_the_layers_is_refused_unbuilt(length, depths, tmp_path,
                                                                         monkeypatch):
     """The composed pattern's length is computed, not built: a 200 KB pattern x 1,000 depths
     (200 MB once built; 900 KB peaked at 1.85 GB) is refused naming the key, and nothing near
     that size is allocated on the way (counted with tracemalloc)."""
-    import tracemalloc
-
     path = hybrid_dump(tmp_path, "*E" * (length // 2), depths)
-    tracemalloc.start()
-    try:
-        err = one_error_line(cli("check", path, *SMALL_RUN), "mtp_hybrid_override_pattern",
-                             "would be")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    err, peak = _refused_with_peak(["check", path, *SMALL_RUN], "mtp_hybrid_override_pattern",
+                                   "would be")
     assert f"{depths} x {length // 2 * 2} characters" in err
     assert peak < 100 * 2**20
 
@@ -597,17 +602,10 @@ def test_a_launch_scripts_legacy_mtp_pattern_is_sized_before_it_is_composed(leng
     depths peaked at 1.8 GB before its exit 2 (2**31 depths could not be built). The length is
     computed first, and nothing near the composed size (40 MB here) is allocated (counted
     with tracemalloc)."""
-    import tracemalloc
-
     script = tmp_path / "train.sh"
     script.write_text(LEGACY_MTP.format(depths=depths, mtp="M" * length))
-    tracemalloc.start()
-    try:
-        err = one_error_line(cli("check", str(script), *SMALL_RUN),
-                             "--mtp-hybrid-override-pattern", "would be")
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    err, peak = _refused_with_peak(["check", str(script), *SMALL_RUN],
+                                   "--mtp-hybrid-override-pattern", "would be")
     assert f"{depths} x {length} characters" in err
     assert peak < 16 * 2**20
 
