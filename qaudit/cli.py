@@ -135,6 +135,10 @@ def check(
                                        "for errors."),
     cross_check: bool = typer.Option(False, "--cross-check", help="Compare with the installed "
                                      "Megatron (QA030)."),
+    startup_checks: Optional[bool] = typer.Option(
+        None, "--startup-checks/--no-startup-checks", show_default=False,
+        help="Run the installed Megatron's own start-up checks on the config (default: for an "
+        "installed megatron-core package, not a checkout on PYTHONPATH)."),
     rank: Optional[int] = typer.Option(None, "--rank", min=0, metavar="N", show_default=False,
                                        help="Show one pipeline stage."),
     full_size: bool = typer.Option(False, "--full-size", help="Build real widths, not "
@@ -197,6 +201,7 @@ def check(
                            seed=seed, evaluation=evaluation, verify=verify,
                            compare_policies=compare_policies, allow_import=allow_import,
                            full_size=full_size, rank=rank, world=world, cross_check=cross_check,
+                           startup_checks=startup_checks,
                            cross_check_timeout=cross_check_timeout,
                            cross_check_memory=cross_check_memory or None,
                            allow_long_audit=allow_long_audit, overrides=overrides)

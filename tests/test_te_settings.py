@@ -480,7 +480,7 @@ def test_env_shows_megatron_and_te_side_by_side(monkeypatch, capsys):
     code, out, _ = run_in_process(monkeypatch, capsys, "env")
     block = out.split("audited for (check --megatron auto / --te auto):\n", 1)[1].split("\n\n")[0]
     labels = [line[:16].strip() for line in block.splitlines() if line[:16].strip()]
-    assert labels == ["Megatron", "TE"] and "overwrite_main_grad" in block
+    assert labels == ["Megatron", "TE", "Bridge"] and "overwrite_main_grad" in block
     code, out, _ = run_in_process(monkeypatch, capsys, "env", "--format", "json")
     data = json.loads(out)
     assert data["te"]["source"] in ("installed", "assumed") and data["megatron"]["source"]

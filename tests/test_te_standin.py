@@ -286,8 +286,11 @@ def test_te_modules_and_checks_match_the_reference(te_dir, tmp_path):
         if verdict.startswith("not run on te"):
             assert "Float8BlockScaling" in verdict, (path, verdict)
     compared = [p for p, v in result["configs"].items() if v == "same"]
-    assert set(bundled) - set(compared) <= {p for p, v in result["configs"].items()
-                                            if v.startswith("not run on te")}
+    # Not compared: a recipe TE refuses on the posed GPU, or a setting the te runtime says it
+    # does not model yet (CUDA graphs: the Super NVFP4 example), never anything else.
+    assert set(bundled) - set(compared) <= {
+        p for p, v in result["configs"].items()
+        if v.startswith("not run on te") or "--runtime te does not model" in v}
     assert not newest or len(compared) - len(bundled) >= 60 or not CORPUS.is_dir()
 
 

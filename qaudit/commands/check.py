@@ -150,12 +150,17 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
         # exit 2 before any work when there is none; the upstream side starts now, beside
         # the audit's own build and run
         job = UpstreamBuilder(config, recipe, options, require_megatron())
+    from qaudit.crosscheck.startup import start_startup_checks
+
+    startup = start_startup_checks(config, recipe, options)
     try:
         run = run_audit(config, recipe, options)
     except BaseException:
-        if job is not None:
-            job.cancel()
+        for started in (job, startup):
+            if started is not None:
+                started.cancel()
         raise
+    startup_status = _startup_status(config, startup)
     if job is not None:
         from qaudit.judge.guard_side import compare_with_guard
 
@@ -174,6 +179,8 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
                     steps=options.steps, microbatches=options.microbatches,
                     modules=rows, findings=findings,
                     megatron=megatron_target(options).to_dict(), te=te_target(options).to_dict())
+    if startup_status is not None:
+        report.megatron["startup_checks"] = startup_status
     if run.facts.cross_check is not None:
         report.cross_check = run.facts.cross_check.to_dict()
     report.memory = run.memory
@@ -184,6 +191,20 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
     if options.rank is not None:
         _keep_stage(report, config, options.rank)
     return report
+
+
+def _startup_status(config: ModelConfig, startup) -> str | None:
+    """'accepted' or 'not run: why'; upstream's refusal is the user's input error."""
+    if startup is None:
+        return None
+    from qaudit.crosscheck.startup import refusal_error
+
+    answer = startup.result()
+    if isinstance(answer, str):
+        return answer
+    if answer.refusal is not None:
+        raise refusal_error(config, startup.location, answer.refusal)
+    return "accepted"
 
 
 def _keep_stage(report: Report, config: ModelConfig, stage: int) -> None:

@@ -422,6 +422,8 @@ def _target_text(target: object, option: str) -> str | None:
     source, note = target.get("source"), target.get("note")
     if source == "installed":
         how = f"installed: {target.get('location')}" + (f"; {note}" if note else "")
+        if target.get("startup_checks"):
+            how += f"; its start-up checks: {target['startup_checks']}"
     elif source == "named":  # a PATH given to the option names its location
         how = f"named with {option}" + (f" {target.get('location')}" if target.get("location")
                                         else "") + (f"; {note}" if note else "")

@@ -42,6 +42,9 @@ class AuditOptions:
     world: World | None = None
     # --cross-check: also build and run the config with the installed Megatron and compare.
     cross_check: bool = False
+    # The installed Megatron's own start-up checks on the config (qaudit/crosscheck/startup.py):
+    # True, False, or None (an installed megatron-core package only, not a checkout)
+    startup_checks: bool | None = None
     # --cross-check-timeout / --cross-check-memory: the worker's wall-clock deadline (seconds)
     # and how far its address space may grow (MiB); qaudit/crosscheck/worker.py.
     cross_check_timeout: float = 900.0
