@@ -226,8 +226,8 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
     return side
 
 
-def _describe(location: MegatronLocation) -> str:
-    return printable(f"--cross-check: Megatron {location.version or '(version unknown)'} at "
+def _describe(location: MegatronLocation, what: str = "--cross-check") -> str:
+    return printable(f"{what}: Megatron {location.version or '(version unknown)'} at "
                      f"{location.root}")
 
 

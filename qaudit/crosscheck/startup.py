@@ -60,15 +60,17 @@ def start_startup_checks(config: "ModelConfig", recipe: "QuantRecipe | None",
                          options: "AuditOptions") -> "StartupCheck | None":
     """The checks, started beside the audit; None where the verdict is not for the user's
     installed Megatron, or --cross-check runs upstream's start-up itself."""
-    from qaudit.plan.upstream.detect import locate_megatron
+    from pathlib import Path
+
+    from qaudit.plan.upstream.detect import MegatronLocation
 
     target = options.megatron
     if options.cross_check or options.startup_checks is False \
             or getattr(target, "source", None) != "installed":
         return None
-    location = locate_megatron()
-    if location is None or str(location.root) != target.location:
-        return None
+    # The Megatron `--megatron auto` already found on sys.path: not looked for again.
+    location = MegatronLocation(Path(target.location), None if target.version == "unknown"
+                                else target.version, target.kind)
     if options.startup_checks is None and location.kind != "package":
         # A checkout on PYTHONPATH may be a pull request's tree: importing it runs its code.
         return StartupCheck(config, recipe, options.allow_import, location,
@@ -98,8 +100,7 @@ class StartupCheck:
             limits = worker.WorkerLimits(timeout_s=STARTUP_TIMEOUT_S,
                                          memory_mib=STARTUP_MEMORY_MIB)
             self.job = worker.ForkedWorker(startup_answer, (config, recipe, allow_import, te),
-                                           limits, _describe(location).replace(
-                                               "--cross-check", "start-up checks"),
+                                           limits, _describe(location, "start-up checks"),
                                            kinds=(StartupAnswer,))
 
     def result(self) -> StartupAnswer | str:
@@ -108,7 +109,7 @@ class StartupCheck:
             return f"not run: {self.skipped}"
         try:
             answer = self.job.result()
-        except (InputError, worker.Deadline, Exception) as exc:  # noqa: BLE001 - said, not fatal
+        except (worker.Deadline, Exception) as exc:  # noqa: BLE001 - said, not fatal
             return f"not run: {printable(str(exc))[:300]}"
         if not isinstance(answer, StartupAnswer):
             return "not run: the worker's result was not an answer"

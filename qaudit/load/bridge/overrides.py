@@ -65,13 +65,14 @@ def apply_overrides(document: YamlMap, display: str, overrides: Sequence[Overrid
                 update = files[_file_key(item.path)] = read_override_file(item.path)
             budget.spend(update, item)
             _merge(document, update, "", item.path, origins)
+    deleted: set[str] = set()
     for item in items:
         if item.text is not None:
-            if _apply_argument(document, item, origins, budget):
+            removed = _apply_argument(document, item, origins, budget)
+            if removed is not None:
+                deleted.add(removed)
                 remarks.append(f"{item.label}: Bridge writes back only the keys left after the "
                                "overrides, so a deleted key keeps the recipe's value")
-    deleted = {o.text.lstrip("~").partition("=")[0] for o in items
-               if o.text is not None and o.text.startswith("~")}
     return origins, set(origins) - deleted, remarks
 
 
@@ -135,10 +136,10 @@ def _record(value: Any, dotted: str, at: Where, origins: dict[str, Where]) -> No
 # --- key=value arguments -------------------------------------------------------------------
 
 def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where],
-                    budget: _Budget) -> bool:
+                    budget: _Budget) -> str | None:
     """Apply one argument as hydra's `_apply_overrides_to_config` does on Bridge's struct
-    config (OmegaConf.update with merge; `+`/`++` with force_add); True for a deletion (which
-    changes nothing in Bridge)."""
+    config (OmegaConf.update with merge; `+`/`++` with force_add); the key of a deletion
+    (which changes nothing in Bridge), else None."""
     text = item.text or ""
     key: str | None = None
 
@@ -159,7 +160,7 @@ def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where]
     budget.spend(parsed.value, item)
     if parsed.kind == "delete":
         _check_deletion(document, parsed, fail)
-        return True  # Bridge keeps the recipe's value: nothing changes
+        return key  # Bridge keeps the recipe's value: nothing changes
     current = _select(document, parts)
     if parsed.kind == "add" and current is not None \
             and not isinstance(parsed.value, (YamlMap, list)):
@@ -167,7 +168,7 @@ def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where]
                    f"{key}=... or ++{key}=...")
     _update(document, parts, parsed.value, parsed.kind != "change", fail)
     _record(parsed.value, key, (item.label, None), origins)
-    return False
+    return None
 
 
 def _select(document: YamlMap, parts: list[str]) -> Any:
