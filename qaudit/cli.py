@@ -137,8 +137,8 @@ def check(
                                      "Megatron (QA030)."),
     startup_checks: Optional[bool] = typer.Option(
         None, "--startup-checks/--no-startup-checks", show_default=False,
-        help="Run the installed Megatron's own start-up checks on the config (default: for an "
-        "installed megatron-core package, not a checkout on PYTHONPATH)."),
+        help="Run the installed Megatron's own start-up checks on the config (default: for a "
+        "megatron-core package in site-packages, not a tree on PYTHONPATH)."),
     rank: Optional[int] = typer.Option(None, "--rank", min=0, metavar="N", show_default=False,
                                        help="Show one pipeline stage."),
     full_size: bool = typer.Option(False, "--full-size", help="Build real widths, not "

@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from qaudit.crosscheck import import_path as import_path_module
 from qaudit.crosscheck import plain
 from qaudit.errors import EnvironmentProblem, InputError, printable
 
@@ -186,7 +187,8 @@ def _outcome(function: Callable[..., Any], arguments: tuple, kinds: tuple[type, 
 
 
 def _child(function: Callable[..., Any], arguments: tuple, limits: WorkerLimits, parent: int,
-           pipes: dict[str, tuple[int, int]], kinds: tuple[type, ...]) -> None:
+           pipes: dict[str, tuple[int, int]], kinds: tuple[type, ...],
+           import_path: list[str] | None) -> None:
     """Runs in the forked child; never returns (os._exit)."""
     code = 0
     try:
@@ -199,6 +201,7 @@ def _child(function: Callable[..., Any], arguments: tuple, limits: WorkerLimits,
         _die_with_parent(parent, pipes["lifeline"][0])
         _isolate_streams(pipes["output"][1])
         _limit_memory(limits.memory_mib)
+        import_path_module.enter(import_path)
         worker = os.getpid()
         payload = _outcome(function, arguments, kinds)
         if os.getpid() != worker:  # a process upstream forked came back through here
@@ -223,9 +226,11 @@ class ForkedWorker:
     measures the child's own time."""
 
     def __init__(self, function: Callable[..., Any], arguments: tuple, limits: WorkerLimits,
-                 describe: str, kinds: tuple[type, ...] = ()) -> None:
+                 describe: str, kinds: tuple[type, ...] = (),
+                 import_path: list[str] | None = None) -> None:
         """`kinds`: the dataclasses the result may hold (crosscheck/plain.py); nothing else
-        comes back."""
+        comes back. `import_path`: the worker's sys.path (crosscheck/import_path.py), None to
+        keep qaudit's."""
         self.limits = limits
         self.kinds = kinds
         self.describe = describe  # "--cross-check: Megatron 0.19.2 at /x", for messages
@@ -242,7 +247,7 @@ class ForkedWorker:
         try:
             pid = os.fork()
             if pid == 0:
-                _child(function, arguments, limits, parent, pipes, kinds)
+                _child(function, arguments, limits, parent, pipes, kinds, import_path)
         finally:
             gc.unfreeze()  # in qaudit (the child never returns from _child)
         self.pid: int | None = pid
