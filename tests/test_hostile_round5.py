@@ -103,3 +103,159 @@ def test_the_worker_path_keeps_the_interpreters_own_entries(tmp_path):
     # A PYTHONPATH entry that is site-packages itself stays: it is the interpreter's.
     kept = installed_only(["", planted, stdlib, site], {"PYTHONPATH": f"{planted}:{site}"})
     assert kept == [stdlib, site]
+
+
+# --- items 1 and 8: the fence as an OS boundary ---------------------------------------------
+
+# A planted Megatron that tries everything a same-user fork can do to qaudit, and writes down
+# what the kernel answered (a word per line: "attached"/"opened"/"sent" or the errno's name).
+HOSTILE_INIT = r'''
+import ctypes, errno, os, signal, time
+libc = ctypes.CDLL(None, use_errno=True)
+ppid = os.getppid()
+lines = []
+def name(code):
+    return errno.errorcode.get(code, str(code))
+if libc.ptrace(16, ppid, 0, 0) == 0:  # PTRACE_ATTACH
+    time.sleep(0.2)
+    libc.ptrace(17, ppid, 0, 0)  # PTRACE_DETACH: leave qaudit running
+    lines.append("ptrace attached")
+else:
+    lines.append("ptrace " + name(ctypes.get_errno()))
+for fd in (1, 2):
+    try:
+        out = os.open(f"/proc/{ppid}/fd/{fd}", os.O_WRONLY)
+        os.write(out, b'FORGED {"verdict": "clean"}\n')
+        lines.append("procfd opened")
+    except OSError as exc:
+        lines.append("procfd " + name(exc.errno))
+for target, number in ((ppid, 0), (ppid, signal.SIGINT), (-os.getpgid(ppid), signal.SIGINT)):
+    try:
+        os.kill(target, number)
+        lines.append("kill sent")
+    except OSError as exc:
+        lines.append("kill " + name(exc.errno))
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        lines.append("fd " + os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        pass
+with open("/proc/self/status") as status:
+    lines += [line.strip() for line in status
+              if line.startswith(("CapEff", "NoNewPrivs", "Seccomp:"))]
+with open(MARKER, "w") as handle:
+    handle.write("\n".join(lines) + "\n")
+'''
+
+
+def _ptrace_allowed_here() -> str | None:
+    """Why a forked child cannot PTRACE_ATTACH its (dumpable) parent here, or None if it can."""
+    import subprocess
+    import sys
+
+    probe = ("import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+             "pid = os.fork()\nif pid == 0:\n"
+             "    ok = libc.ptrace(16, os.getppid(), 0, 0) == 0\n"
+             "    time.sleep(0.1)\n    ok and libc.ptrace(17, os.getppid(), 0, 0)\n"
+             "    os._exit(0 if ok else 1)\n"
+             "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60)
+    return None if result.stdout.strip() == "0" else "ptrace of a parent is not permitted here"
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="Linux fence")
+def test_upstream_code_cannot_touch_qaudits_process(megatron, tmp_path):
+    import subprocess
+    import sys
+
+    from tests.test_startup_checks import _checkout
+
+    marker = tmp_path / "fence.txt"
+    secret = tmp_path / "secret.txt"
+    root = _checkout(tmp_path, megatron, f"MARKER = {str(marker)!r}\n" + HOSTILE_INIT)
+    config = _config(tmp_path)
+    env = {**os.environ, "PYTHONPATH": root}
+    with open(secret, "w") as held:  # a descriptor qaudit inherits: never the worker's
+        result = subprocess.run(
+            [sys.executable, "-m", "qaudit", "check", config, "--startup-checks", "-f", "json"],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+            start_new_session=True, pass_fds=(held.fileno(),))
+    assert result.returncode in (0, 1), (result.returncode, result.stderr)
+    assert "FORGED" not in result.stdout + result.stderr
+    json.loads(result.stdout)  # qaudit's own output, whole
+    seen = marker.read_text().splitlines()
+    assert seen.count("procfd EACCES") + seen.count("procfd EPERM") == 2, seen
+    assert [line for line in seen if line.startswith("kill")] == ["kill EPERM"] * 3, seen
+    assert not any(str(secret) in line for line in seen), seen
+    assert "NoNewPrivs:\t1" in seen and "CapEff:\t0000000000000000" in seen, seen
+    assert "Seccomp:\t2" in seen, seen
+    why = _ptrace_allowed_here()
+    if why is None:
+        assert "ptrace EPERM" in seen, seen
+    else:
+        pytest.skip(f"the rest held; ptrace not checked: {why}")
+
+
+def test_qaudit_is_dumpable_again_after_the_worker():
+    from qaudit.crosscheck import fence, worker
+
+    before = fence.dumpable()
+    job = worker.ForkedWorker(fence.dumpable, (), worker.WorkerLimits(timeout_s=60),
+                              "test worker")
+    assert job.result() is False  # the fork inherits qaudit's fenced state
+    assert fence.dumpable() == before
+
+
+# --- items 9 and 10: the channel decoder and the Bridge recipe reader, bounded -------------
+
+
+def test_a_result_of_a_million_empty_lists_is_refused_before_it_is_built():
+    from qaudit.crosscheck import plain
+
+    payload = b"[" + b"[]," * plain.MAX_CONTAINERS + b"[]]"  # 3 MB, far under the byte cap
+    with pytest.raises(plain.NotPlain, match="lists and objects"):
+        plain.decode(payload, ())
+    elements = b"[" + b"0," * (plain.MAX_ELEMENTS + 1) + b"0]"
+    with pytest.raises(plain.NotPlain, match="elements"):
+        plain.decode(elements, ())
+    assert plain.decode(b"[[], [0, 1], {\"map\": []}]", ()) == [[], [0, 1], {}]
+
+
+def _recipes_file(fields: int, names: int, derived: bool) -> str:
+    lines = ["class MixedPrecisionConfig:"] + [f"    f{i}: int = 0" for i in range(fields)]
+    lines += ["def base():", "    return MixedPrecisionConfig()"]
+    table = []
+    for i in range(names):
+        if derived:  # each name its own recipe, derived from base with one field changed
+            lines += [f"def r{i}():", "    cfg = base()", "    cfg.f1 = 1", "    return cfg"]
+        table.append(f"'n{i}': {f'r{i}' if derived else 'base'}")
+    return "\n".join(lines + ["MIXED_PRECISION_RECIPES = {" + ", ".join(table) + "}"]) + "\n"
+
+
+def test_one_recipe_under_many_names_is_read_once():
+    import ast
+    import tracemalloc
+
+    from qaudit.plan.upstream.bridge_recipes import evaluate
+
+    tree = ast.parse(_recipes_file(2_000, 1_000, derived=False))
+    tracemalloc.start()
+    try:
+        _, recipes = evaluate(tree, "mixed_precision.py")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(recipes) == 1_000 and recipes["n7"]["f1999"] == 0
+    assert peak < 16 << 20, peak  # one 2,000-field recipe, not 1,000 copies (150 MB before)
+
+
+def test_recipes_writing_past_the_field_budget_are_unreadable():
+    import ast
+
+    from qaudit.plan.upstream.bridge_recipes import UnreadableRecipes, evaluate
+
+    with pytest.raises(UnreadableRecipes, match="write more than"):
+        evaluate(ast.parse(_recipes_file(2_000, 600, derived=True)), "mixed_precision.py")
+    _, recipes = evaluate(ast.parse(_recipes_file(30, 40, derived=True)), "mixed_precision.py")
+    assert recipes["n3"]["f1"] == 1 and recipes["n3"]["f2"] == 0

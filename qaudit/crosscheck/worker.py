@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from qaudit.crosscheck import fence
 from qaudit.crosscheck import import_path as import_path_module
 from qaudit.crosscheck import plain
 from qaudit.errors import EnvironmentProblem, InputError, printable
@@ -192,14 +193,16 @@ def _child(function: Callable[..., Any], arguments: tuple, limits: WorkerLimits,
     """Runs in the forked child; never returns (os._exit)."""
     code = 0
     try:
-        with contextlib.suppress(OSError):
-            os.setpgid(0, 0)  # its own group: what upstream forks is killed with it
         os.close(pipes["result"][0])
         os.close(pipes["output"][0])
         os.close(pipes["lifeline"][1])
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # qaudit's own interrupt decides
-        _die_with_parent(parent, pipes["lifeline"][0])
         _isolate_streams(pipes["output"][1])
+        # Its own session (what upstream forks is killed with it, and cannot leave it), only
+        # its channel open, no capabilities, the seccomp filter: before any thread starts,
+        # since capabilities and the filter hold per thread (crosscheck/fence.py).
+        fence.fence_worker({pipes["result"][1], pipes["lifeline"][0]})
+        _die_with_parent(parent, pipes["lifeline"][0])
         _limit_memory(limits.memory_mib)
         import_path_module.enter(import_path)
         worker = os.getpid()
@@ -244,10 +247,16 @@ class ForkedWorker:
         # in the child would otherwise write into every inherited object's header, copying
         # each page of qaudit's and torch's heap into the child (copy-on-write).
         gc.freeze()
+        fence.parent_fenced()  # not dumpable while the worker lives: no ptrace, no /proc fds
+        self._fenced = True
         try:
             pid = os.fork()
             if pid == 0:
                 _child(function, arguments, limits, parent, pipes, kinds, import_path)
+        except BaseException:
+            self._fenced = False
+            fence.parent_unfenced()
+            raise
         finally:
             gc.unfreeze()  # in qaudit (the child never returns from _child)
         self.pid: int | None = pid
@@ -259,8 +268,8 @@ class ForkedWorker:
         self._result_fd = pipes["result"][0]
         self._output_fd = pipes["output"][0]
         self._lifeline = pipes["lifeline"][1]
-        with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)  # as the child does: no window where a kill misses it
+        # The child makes its own session (group = its pid); until it has, a kill of its group
+        # misses, and `_kill` signals the child itself too.
         self._payload, self._output = bytearray(), bytearray()
         self._done, self._stop = threading.Event(), threading.Event()
         self._drainer = threading.Thread(target=self._drain, name="qaudit-worker-pipes",
@@ -329,6 +338,9 @@ class ForkedWorker:
         self._kill()
         self._stop_draining()
         self._close()
+        if self._fenced:  # the worker and its group are gone (SIGKILL'd, reaped)
+            self._fenced = False
+            fence.parent_unfenced()
 
     def result(self) -> Any:
         try:
