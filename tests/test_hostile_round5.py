@@ -259,3 +259,29 @@ def test_recipes_writing_past_the_field_budget_are_unreadable():
         evaluate(ast.parse(_recipes_file(2_000, 600, derived=True)), "mixed_precision.py")
     _, recipes = evaluate(ast.parse(_recipes_file(30, 40, derived=True)), "mixed_precision.py")
     assert recipes["n3"]["f1"] == 1 and recipes["n3"]["f2"] == 0
+
+
+# --- item 15: audit(obj) whose __getattribute__ raises ---------------------------------------
+
+
+class _RaisesForEverything:
+    def __getattribute__(self, name):
+        raise RuntimeError(f"no {name}")
+
+
+class _RaisesForClass(dict):
+    def __getattribute__(self, name):
+        if name == "__class__":
+            raise RuntimeError("no class")
+        return dict.__getattribute__(self, name)
+
+
+@pytest.mark.parametrize("make", [_RaisesForEverything, lambda: _RaisesForClass(num_layers=2)],
+                         ids=["every name", "__class__"])
+def test_a_raising_getattribute_is_an_input_error(make):
+    from qaudit import audit
+    from qaudit.errors import InputError
+
+    with pytest.raises(InputError) as caught:
+        audit(make(), steps=1, microbatches=1)
+    assert "RuntimeError" in caught.value.message
