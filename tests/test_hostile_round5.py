@@ -285,3 +285,19 @@ def test_a_raising_getattribute_is_an_input_error(make):
     with pytest.raises(InputError) as caught:
         audit(make(), steps=1, microbatches=1)
     assert "RuntimeError" in caught.value.message
+
+
+# --- item 11: the start-up worker's memory ---------------------------------------------------
+
+
+def test_the_start_up_worker_has_a_gigabyte(megatron, tmp_path, monkeypatch):
+    """docs/security.md: 1 GiB of address space past what the worker inherits (megatron-core
+    0.19.2's start-up needs 520-640 MiB of it); 1.5 GiB is a MemoryError, said as not run."""
+    from tests.test_startup_checks import _checkout
+
+    marker = tmp_path / "allocated"
+    init = f"held = bytearray(1536 << 20)\nopen({str(marker)!r}, 'w').close()\n"
+    _on_pythonpath(monkeypatch, _checkout(tmp_path, megatron, init))
+    status = _startup(tmp_path, "--startup-checks")
+    assert not marker.exists()
+    assert status.startswith("not run: ") and "MemoryError" in status, status

@@ -27,9 +27,13 @@ if TYPE_CHECKING:
     from qaudit.load.recipe import QuantRecipe
     from qaudit.plan.upstream.detect import MegatronLocation
 
-# The start-up is seconds of importing; a worker past this is abandoned, not waited for.
-STARTUP_TIMEOUT_S = 120.0
-STARTUP_MEMORY_MIB = 4096
+# The start-up is seconds of importing (about 3 s CPU here); a worker past this is abandoned,
+# not waited for (120 s before: every check waited that long on a hanging Megatron).
+STARTUP_TIMEOUT_S = 30.0
+# Address space past what the worker inherits: megatron-core 0.19.2's start-up needs 520-640
+# MiB of it (mostly mappings, not memory: the whole run peaks at 275 MB resident); a Megatron
+# that fills memory stops at a MemoryError near 1 GiB (docs/security.md).
+STARTUP_MEMORY_MIB = 1024
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,11 @@ def startup_answer(config: "ModelConfig", recipe: "QuantRecipe | None", allow_im
     from qaudit.crosscheck.environment import upstream_environment
     from qaudit.errors import EnvironmentProblem
 
+    import torch
+
+    # Validation computes nothing: no intra-op thread pool (each thread's stack would count
+    # against the worker's address-space limit, more of them the more cores).
+    torch.set_num_threads(1)
     answer = StartupAnswer(None)
     try:
         with _quiet_megatron(), upstream_environment(te, allow_import=allow_import):
