@@ -11,6 +11,7 @@ import typer
 
 from qaudit import __version__
 from qaudit.commands.targets import split_targets  # noqa: F401  (one definition, commands/)
+from qaudit.commands.usage_errors import OneLineUsageErrors
 from qaudit.commands.written import written_files
 from qaudit.errors import EnvironmentProblem, InputError, printable
 
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 EXIT_USAGE, EXIT_INTERNAL = 2, 3
 
-app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, no_args_is_help=True,
+app = typer.Typer(cls=OneLineUsageErrors, add_completion=True, pretty_exceptions_enable=False,
+                  no_args_is_help=True,
                   rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Audit Megatron-LM / Transformer Engine quantization and gradient "
                        "accumulation before a long training run. Details: docs/usage.md.")

@@ -301,3 +301,19 @@ def test_the_start_up_worker_has_a_gigabyte(megatron, tmp_path, monkeypatch):
     status = _startup(tmp_path, "--startup-checks")
     assert not marker.exists()
     assert status.startswith("not run: ") and "MemoryError" in status, status
+
+
+# --- item 16: usage errors are one line --------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv,words", [
+    (["check", "x.yaml", "--steps", "0"], ["'--steps'", "greater than or equal to 1"]),
+    (["check", "x.yaml", "--fail-on", "bogus"], ["'--fail-on'", "'bogus'"]),
+    (["check", "x.yaml", "--bogus"], ["no such option: --bogus"]),
+    (["guard", "--mode", "pause", "--", "true"], ["'--mode'", "'pause'"]),
+    (["nosuch"], ["no such command 'nosuch'"]),
+], ids=["steps 0", "fail-on bogus", "unknown option", "guard mode pause", "unknown command"])
+def test_a_usage_error_is_one_error_line_and_exit_2(argv, words):
+    from tests.test_hostile_round2 import one_error_line
+
+    one_error_line(cli(*argv), *words)
