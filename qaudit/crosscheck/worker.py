@@ -17,7 +17,12 @@ On Linux and macOS the work runs in a forked child (`ForkedWorker`):
 - its stdin is /dev/null and its stdout and stderr are a pipe qaudit drains (the last lines
   are quoted in the exit-3 line), so nothing upstream prints reaches qaudit's stdout (which
   may be JSON), and a child outliving qaudit never holds the job's stdout/stderr open;
-- processes upstream forks share its process group and are killed with it.
+- processes upstream forks share its process group and are killed with it;
+- it is fenced off at the OS level where the OS allows (crosscheck/fence.py): qaudit not
+  dumpable while it lives, its own session, no inherited descriptor but its channel, no
+  capabilities, a seccomp filter against ptrace, signals outside its group and leaving it;
+- it imports from the module path it is given (crosscheck/import_path.py): the interpreter's
+  own, without PYTHONPATH and the working directory, unless the user asked by flag.
 
 Where the work stays in this process (no fork, or a GPU build: CUDA cannot be used in a forked
 child), `run_in_process` redirects fds 1 and 2 to a temporary file for the duration, catches
