@@ -94,7 +94,9 @@ def audit(cfg: Any, *, recipe: str | None = None, overrides: Sequence[str] = (),
     from qaudit.load.run_files import one_run
 
     with one_run():  # each file read and parsed once in this call, kept no longer
-        if isinstance(cfg, (str, os.PathLike)):
+        # The type, not the object: isinstance() would ask the caller's `__getattribute__`
+        # for `__class__`, and one that raises must become an InputError below, not escape.
+        if issubclass(type(cfg), (str, os.PathLike)):
             from qaudit.commands.inputs import load_inputs
 
             config, loaded_recipe = load_inputs(os.fspath(cfg), recipe, dict(run.variables),

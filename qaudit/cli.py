@@ -11,6 +11,7 @@ import typer
 
 from qaudit import __version__
 from qaudit.commands.targets import split_targets  # noqa: F401  (one definition, commands/)
+from qaudit.commands.usage_errors import OneLineUsageErrors
 from qaudit.commands.written import written_files
 from qaudit.errors import EnvironmentProblem, InputError, printable
 
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 EXIT_USAGE, EXIT_INTERNAL = 2, 3
 
-app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, no_args_is_help=True,
+app = typer.Typer(cls=OneLineUsageErrors, add_completion=True, pretty_exceptions_enable=False,
+                  no_args_is_help=True,
                   rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Audit Megatron-LM / Transformer Engine quantization and gradient "
                        "accumulation before a long training run. Details: docs/usage.md.")
@@ -137,8 +139,8 @@ def check(
                                      "Megatron (QA030)."),
     startup_checks: Optional[bool] = typer.Option(
         None, "--startup-checks/--no-startup-checks", show_default=False,
-        help="Run the installed Megatron's own start-up checks on the config (default: for an "
-        "installed megatron-core package, not a checkout on PYTHONPATH)."),
+        help="Run the installed Megatron's own start-up checks on the config (default: for a "
+        "megatron-core package in site-packages, not a tree on PYTHONPATH)."),
     rank: Optional[int] = typer.Option(None, "--rank", min=0, metavar="N", show_default=False,
                                        help="Show one pipeline stage."),
     full_size: bool = typer.Option(False, "--full-size", help="Build real widths, not "

@@ -65,6 +65,9 @@ class Case:
     # Round four: several configs (a directory), where an exit 2 is one `error:` line per
     # refused file on stderr beside the summary on stdout.
     several: bool = False
+    # Round five: directories counted as the interpreter's site-packages for the run (an
+    # installed megatron-core; qaudit/plan/upstream/site_dirs.py), in-process cases only.
+    installed: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
         return f"{self.family}: {self.note} argv={self.argv[:8]}"
@@ -550,12 +553,20 @@ def run_case(case: Case, folder: Path) -> Result:
         sys.path[:0] = case.sys_path
         previous = os.getcwd()
         os.chdir(folder)
+        from qaudit.plan.upstream import site_dirs
+
+        saved_site_dirs = site_dirs.site_dirs
+        if case.installed:
+            extra = frozenset(os.path.realpath(p) for p in case.installed)
+            site_dirs.site_dirs = lambda: saved_site_dirs() | extra
+            sys.path[len(case.sys_path):len(case.sys_path)] = case.installed
         try:
             with _deadline(case.seconds):
                 code, out, err = mutations.run_cli(case.argv)
         except TimeoutError as exc:
             code, out, err = -1, "", str(exc)
         finally:
+            site_dirs.site_dirs = saved_site_dirs
             os.chdir(previous)
             sys.path[:] = saved_path
             for key, value in saved_env.items():

@@ -370,7 +370,12 @@ def channel_payload(r: random.Random) -> bytes:
 
     from qaudit.crosscheck import RESULT_KINDS, UpstreamSide, plain
 
-    shape = r.randrange(10)
+    shape = r.randrange(11)
+    if shape == 10:  # round five: many small containers or elements, around the counted bounds
+        many = r.choice([plain.MAX_CONTAINERS - 2, plain.MAX_CONTAINERS + 1,
+                         plain.MAX_ELEMENTS // 2, plain.MAX_ELEMENTS + 1])
+        item = r.choice([b"[]", b"{}", b"0", b'""', b'{"map": []}'])
+        return b'["value", [' + b",".join([item] * many) + b"]]"
     if shape == 0:
         return r.choice([b"", b"\x80\x81", b"{", b"nan", b"[" * 100_000 + b"]" * 100_000,
                          b"1" * 5_000, b'"\\ud800"', b"[1e999999]", "é".encode()])

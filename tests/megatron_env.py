@@ -23,6 +23,12 @@ def megatron(monkeypatch) -> Path:
     if not (root / "megatron" / "core" / "__init__.py").is_file():
         pytest.fail(f"QAUDIT_TEST_MEGATRON_CORE={where} holds no megatron/core/")
     monkeypatch.syspath_prepend(str(root))
+    # An install in the interpreter's site-packages (qaudit/plan/upstream/site_dirs.py): the
+    # unpacked wheel stands for one.
+    from qaudit.plan.upstream import site_dirs
+
+    installed = site_dirs.site_dirs() | {os.path.realpath(root)}
+    monkeypatch.setattr(site_dirs, "site_dirs", lambda: installed)
     import importlib.util
 
     if importlib.util.find_spec("numpy") is None:  # megatron-core's run-time dependency

@@ -80,14 +80,23 @@ CASES = [
     "~model.name", "~model.unset", "~model.nope", "~model.name=x", "~model.name=y",
     "~model.name=", "~model.sub", "~model.sub.deep.b=2", "~model.num_layers=2",
     "~model.num_layers=3", "~model", "~nope",
+    # issue 44 (item 14): keys hydra's lexer refuses or takes, mapping keys, nesting
+    "0=1", "+0=1", "++0=1", "+0.a=1", "++a.0.b=1", "+1_0.a=1", "++01.a=1",
+    "=1", "+=1", "++=1", "++=x", "+={a: 1}", "++={a: 1}", "+=[1]", "++=", "+=", "~=1", "~",
+    "={a: 1}", "++x={'q': 1}", '++x={"q": 1}', "model.sub={'a': 1}", "+model.sub={'a': 1}",
+    "++x=[{'q': 1}]", "++x={'q' : 1}", "++x={null: 1}", "++x={null x: 1}", "++x={0: 1}",
+    "++x=" + "[" * 64 + "]" * 64, "++x=" + "{a: " * 64 + "1" + "}" * 64,
 ]
 
 # Accepted by hydra, refused by qaudit: OmegaConf would resolve an interpolation from the
-# environment or run a resolver, a function is code the grammar runs, and a list index key
-# is an OmegaConf path qaudit does not walk (no Bridge field is a list of sections).
+# environment or run a resolver, a function is code the grammar runs, a list index key
+# is an OmegaConf path qaudit does not walk (no Bridge field is a list of sections), and
+# more than 64 levels of nesting are refused as in a file.
 QAUDIT_REFUSES = {
     "model.name=${oc.env:HOME}", "model.name=x${train.train_iters}z", "model.name='${oc.env:HOME}'",
     "model.seq=[${oc.env:HOME}]", "model.name=int(3)", "model.name=str(1)",
+    # Nesting: a YAML file's bound, 64 levels of collections, holds for arguments too.
+    "++x=" + "[" * 65 + "]" * 65, "++x=" + "{a: " * 65 + "1" + "}" * 65,
 }
 CASES += sorted(QAUDIT_REFUSES)
 

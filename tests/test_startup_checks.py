@@ -84,7 +84,8 @@ def test_a_checkout_is_imported_only_when_asked(megatron, tmp_path, monkeypatch)
     code, out, err = cli("check", config, "-f", "json")
     assert code in (0, 1), err
     assert json.loads(out)["megatron"]["startup_checks"].startswith(
-        "not run: a checkout on PYTHONPATH is imported only with --startup-checks")
+        "not run: a Megatron outside the interpreter's site-packages (a checkout or a tree "
+        "on PYTHONPATH) is imported only with --startup-checks")
     assert not marker.exists()
     code, out, err = cli("check", config, "--startup-checks", "-f", "json")
     assert marker.exists()  # asked for: imported, in the fenced worker

@@ -218,12 +218,24 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
                     side.observed = observer.seen
             side.unknown_fields = list(getattr(upstream, "unknown_fields", []))
     except (InputError, EnvironmentProblem, worker.Deadline):
+        _imported_as_reported(location)
         raise
     except BaseException as exc:  # noqa: BLE001 - upstream's code failed (or exited): one line
+        _imported_as_reported(location)
         raise EnvironmentProblem(
             f"{_describe(location)} could not build and run this config on CPU: "
             f"{worker.describe_exception(exc)}") from None
+    _imported_as_reported(location)
     return side
+
+
+def _imported_as_reported(location: MegatronLocation) -> None:
+    """The report names the Megatron at `location`: a build of any other is no result."""
+    from qaudit.crosscheck.import_path import imported_elsewhere
+
+    elsewhere = imported_elsewhere(location.root)
+    if elsewhere:
+        raise EnvironmentProblem(f"{_describe(location)}: {elsewhere}") from None
 
 
 def _describe(location: MegatronLocation, what: str = "--cross-check") -> str:

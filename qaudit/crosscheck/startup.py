@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from qaudit.crosscheck import worker
+from qaudit.crosscheck import import_path, worker
 from qaudit.errors import InputError, printable
 
 if TYPE_CHECKING:
@@ -27,9 +27,13 @@ if TYPE_CHECKING:
     from qaudit.load.recipe import QuantRecipe
     from qaudit.plan.upstream.detect import MegatronLocation
 
-# The start-up is seconds of importing; a worker past this is abandoned, not waited for.
-STARTUP_TIMEOUT_S = 120.0
-STARTUP_MEMORY_MIB = 4096
+# The start-up is seconds of importing (about 3 s CPU here); a worker past this is abandoned,
+# not waited for (120 s before: every check waited that long on a hanging Megatron).
+STARTUP_TIMEOUT_S = 30.0
+# Address space past what the worker inherits: megatron-core 0.19.2's start-up needs 520-640
+# MiB of it (mostly mappings, not memory: the whole run peaks at 275 MB resident); a Megatron
+# that fills memory stops at a MemoryError near 1 GiB (docs/security.md).
+STARTUP_MEMORY_MIB = 1024
 
 
 @dataclass(frozen=True)
@@ -40,20 +44,34 @@ class StartupAnswer:
 
 
 def startup_answer(config: "ModelConfig", recipe: "QuantRecipe | None", allow_import: bool,
-                   te: "TESide") -> StartupAnswer:
-    """In the worker: the config through the installed Megatron's own validation."""
+                   te: "TESide", root: str) -> StartupAnswer:
+    """In the worker: the config through the installed Megatron's own validation. The
+    answer counts only if the Megatron imported is the one at `root`, the report's."""
     from qaudit.crosscheck import _quiet_megatron, _upstream_input, upstream_build
     from qaudit.crosscheck.environment import upstream_environment
+    from qaudit.errors import EnvironmentProblem
 
-    with _quiet_megatron(), upstream_environment(te, allow_import=allow_import):
-        upstream = _upstream_input(config, recipe, [])
-        if isinstance(upstream, str):  # parse_args / validate_args refused the command line
-            return StartupAnswer(upstream)
-        try:
-            upstream_build.make_config(upstream)
-        except upstream_build.Rejected as exc:
-            return StartupAnswer(str(exc))
-    return StartupAnswer(None)
+    import torch
+
+    # Validation computes nothing: no intra-op thread pool (each thread's stack would count
+    # against the worker's address-space limit, more of them the more cores).
+    torch.set_num_threads(1)
+    answer = StartupAnswer(None)
+    try:
+        with _quiet_megatron(), upstream_environment(te, allow_import=allow_import):
+            upstream = _upstream_input(config, recipe, [])
+            if isinstance(upstream, str):  # parse_args / validate_args refused the command line
+                answer = StartupAnswer(upstream)
+            else:
+                upstream_build.make_config(upstream)
+    except upstream_build.Rejected as exc:
+        answer = StartupAnswer(str(exc))
+    finally:
+        # Whatever happened, an answer from another Megatron than the report's is none.
+        elsewhere = import_path.imported_elsewhere(root)
+        if elsewhere:
+            raise EnvironmentProblem(elsewhere)
+    return answer
 
 
 def start_startup_checks(config: "ModelConfig", recipe: "QuantRecipe | None",
@@ -63,6 +81,7 @@ def start_startup_checks(config: "ModelConfig", recipe: "QuantRecipe | None",
     from pathlib import Path
 
     from qaudit.plan.upstream.detect import MegatronLocation
+    from qaudit.plan.upstream.site_dirs import is_site_dir
 
     target = options.megatron
     if options.cross_check or options.startup_checks is False \
@@ -71,19 +90,26 @@ def start_startup_checks(config: "ModelConfig", recipe: "QuantRecipe | None",
     # The Megatron `--megatron auto` already found on sys.path: not looked for again.
     location = MegatronLocation(Path(target.location), None if target.version == "unknown"
                                 else target.version, target.kind)
-    if options.startup_checks is None and location.kind != "package":
-        # A checkout on PYTHONPATH may be a pull request's tree: importing it runs its code.
+    if options.startup_checks is None and not (location.kind == "package"
+                                               and is_site_dir(location.root)):
+        # A checkout or any tree on PYTHONPATH may be a pull request's: importing it runs its
+        # code. A dist-info beside it proves nothing (anyone can write one).
         return StartupCheck(config, recipe, options.allow_import, location,
-                            left_out="a checkout on PYTHONPATH is imported only with "
+                            left_out="a Megatron outside the interpreter's site-packages (a "
+                                     "checkout or a tree on PYTHONPATH) is imported only with "
                                      "--startup-checks (it may be a pull request's tree)")
-    return StartupCheck(config, recipe, options.allow_import, location)
+    # Asked for by flag: the whole module path, as the user set it. Otherwise the installed
+    # package, imported from site-packages only (nothing on PYTHONPATH can shadow it).
+    path = None if options.startup_checks else import_path.installed_only()
+    return StartupCheck(config, recipe, options.allow_import, location, path=path)
 
 
 class StartupCheck:
     """Started before the audit, collected after it (the two overlap)."""
 
     def __init__(self, config: "ModelConfig", recipe: "QuantRecipe | None", allow_import: bool,
-                 location: "MegatronLocation", left_out: str | None = None) -> None:
+                 location: "MegatronLocation", left_out: str | None = None,
+                 path: list[str] | None = None) -> None:
         from qaudit.crosscheck import _describe, te_side
 
         self.location = location
@@ -99,9 +125,10 @@ class StartupCheck:
         else:
             limits = worker.WorkerLimits(timeout_s=STARTUP_TIMEOUT_S,
                                          memory_mib=STARTUP_MEMORY_MIB)
-            self.job = worker.ForkedWorker(startup_answer, (config, recipe, allow_import, te),
+            self.job = worker.ForkedWorker(startup_answer, (config, recipe, allow_import, te,
+                                                            str(location.root)),
                                            limits, _describe(location, "start-up checks"),
-                                           kinds=(StartupAnswer,))
+                                           kinds=(StartupAnswer,), import_path=path)
 
     def result(self) -> StartupAnswer | str:
         """Upstream's answer, or why there is none (a line for the report's header)."""

@@ -17,7 +17,12 @@ On Linux and macOS the work runs in a forked child (`ForkedWorker`):
 - its stdin is /dev/null and its stdout and stderr are a pipe qaudit drains (the last lines
   are quoted in the exit-3 line), so nothing upstream prints reaches qaudit's stdout (which
   may be JSON), and a child outliving qaudit never holds the job's stdout/stderr open;
-- processes upstream forks share its process group and are killed with it.
+- processes upstream forks share its process group and are killed with it;
+- it is fenced off at the OS level where the OS allows (crosscheck/fence.py): qaudit not
+  dumpable while it lives, its own session, no inherited descriptor but its channel, no
+  capabilities, a seccomp filter against ptrace, signals outside its group and leaving it;
+- it imports from the module path it is given (crosscheck/import_path.py): the interpreter's
+  own, without PYTHONPATH and the working directory, unless the user asked by flag.
 
 Where the work stays in this process (no fork, or a GPU build: CUDA cannot be used in a forked
 child), `run_in_process` redirects fds 1 and 2 to a temporary file for the duration, catches
@@ -40,6 +45,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from qaudit.crosscheck import fence
+from qaudit.crosscheck import import_path as import_path_module
 from qaudit.crosscheck import plain
 from qaudit.errors import EnvironmentProblem, InputError, printable
 
@@ -186,19 +193,23 @@ def _outcome(function: Callable[..., Any], arguments: tuple, kinds: tuple[type, 
 
 
 def _child(function: Callable[..., Any], arguments: tuple, limits: WorkerLimits, parent: int,
-           pipes: dict[str, tuple[int, int]], kinds: tuple[type, ...]) -> None:
+           pipes: dict[str, tuple[int, int]], kinds: tuple[type, ...],
+           import_path: list[str] | None) -> None:
     """Runs in the forked child; never returns (os._exit)."""
     code = 0
     try:
-        with contextlib.suppress(OSError):
-            os.setpgid(0, 0)  # its own group: what upstream forks is killed with it
         os.close(pipes["result"][0])
         os.close(pipes["output"][0])
         os.close(pipes["lifeline"][1])
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # qaudit's own interrupt decides
-        _die_with_parent(parent, pipes["lifeline"][0])
         _isolate_streams(pipes["output"][1])
+        # Its own session (what upstream forks is killed with it, and cannot leave it), only
+        # its channel open, no capabilities, the seccomp filter: before any thread starts,
+        # since capabilities and the filter hold per thread (crosscheck/fence.py).
+        fence.fence_worker({pipes["result"][1], pipes["lifeline"][0]})
+        _die_with_parent(parent, pipes["lifeline"][0])
         _limit_memory(limits.memory_mib)
+        import_path_module.enter(import_path)
         worker = os.getpid()
         payload = _outcome(function, arguments, kinds)
         if os.getpid() != worker:  # a process upstream forked came back through here
@@ -223,9 +234,11 @@ class ForkedWorker:
     measures the child's own time."""
 
     def __init__(self, function: Callable[..., Any], arguments: tuple, limits: WorkerLimits,
-                 describe: str, kinds: tuple[type, ...] = ()) -> None:
+                 describe: str, kinds: tuple[type, ...] = (),
+                 import_path: list[str] | None = None) -> None:
         """`kinds`: the dataclasses the result may hold (crosscheck/plain.py); nothing else
-        comes back."""
+        comes back. `import_path`: the worker's sys.path (crosscheck/import_path.py), None to
+        keep qaudit's."""
         self.limits = limits
         self.kinds = kinds
         self.describe = describe  # "--cross-check: Megatron 0.19.2 at /x", for messages
@@ -239,10 +252,16 @@ class ForkedWorker:
         # in the child would otherwise write into every inherited object's header, copying
         # each page of qaudit's and torch's heap into the child (copy-on-write).
         gc.freeze()
+        fence.parent_fenced()  # not dumpable while the worker lives: no ptrace, no /proc fds
+        self._fenced = True
         try:
             pid = os.fork()
             if pid == 0:
-                _child(function, arguments, limits, parent, pipes, kinds)
+                _child(function, arguments, limits, parent, pipes, kinds, import_path)
+        except BaseException:
+            self._fenced = False
+            fence.parent_unfenced()
+            raise
         finally:
             gc.unfreeze()  # in qaudit (the child never returns from _child)
         self.pid: int | None = pid
@@ -254,8 +273,8 @@ class ForkedWorker:
         self._result_fd = pipes["result"][0]
         self._output_fd = pipes["output"][0]
         self._lifeline = pipes["lifeline"][1]
-        with contextlib.suppress(OSError):
-            os.setpgid(pid, pid)  # as the child does: no window where a kill misses it
+        # The child makes its own session (group = its pid); until it has, a kill of its group
+        # misses, and `_kill` signals the child itself too.
         self._payload, self._output = bytearray(), bytearray()
         self._done, self._stop = threading.Event(), threading.Event()
         self._drainer = threading.Thread(target=self._drain, name="qaudit-worker-pipes",
@@ -324,6 +343,9 @@ class ForkedWorker:
         self._kill()
         self._stop_draining()
         self._close()
+        if self._fenced:  # the worker and its group are gone (SIGKILL'd, reaped)
+            self._fenced = False
+            fence.parent_unfenced()
 
     def result(self) -> Any:
         try:

@@ -36,8 +36,11 @@ class ParsedOverride:
 
 # --- the key side --------------------------------------------------------------------------
 
-_SEGMENT = r"(?:[A-Za-z_$][A-Za-z0-9_$-]*|0|[1-9](?:_?[0-9])*)"
-_KEY = re.compile(rf"{_SEGMENT}(?:\.{_SEGMENT})*")
+_ID = r"[A-Za-z_$][A-Za-z0-9_$-]*"
+_SEGMENT = rf"(?:{_ID}|0|[1-9](?:_?[0-9])*)"
+# hydra's key: empty, an ID, or a dotted path whose parts may be integers (`0.a`, `a.0`); a
+# lone integer (`0=1`, `+0=1`) is no key to its lexer.
+_KEY = re.compile(rf"|{_ID}|{_SEGMENT}(?:\.{_SEGMENT})+")
 _GROUP_OR_PACKAGE = re.compile(r"[A-Za-z0-9_$./@-]+")
 
 
@@ -206,9 +209,11 @@ class _Parser:
         return self.tokens[self.at - 1][1]
 
     def element(self, depth: int) -> Any:
-        if depth > MAX_NESTING:
-            raise GrammarError(f"nested more than {MAX_NESTING} levels; refused, as in a file")
+        """`depth`: the collections around this element. A file's bound counts collections
+        (PyYAML's flow level), so the 65th opened is refused, empty or not."""
         kind = self.peek()
+        if kind in ("BRACKET_OPEN", "BRACE_OPEN") and depth >= MAX_NESTING:
+            raise GrammarError(f"nested more than {MAX_NESTING} levels; refused, as in a file")
         if kind == "BRACKET_OPEN":
             return self.sequence(depth)
         if kind == "BRACE_OPEN":
@@ -235,7 +240,12 @@ class _Parser:
         result = YamlMap(line=None)
         if self.peek() != "BRACE_CLOSE":
             while True:
+                if self.peek() == "QUOTED":  # hydra's dictKey has no quoted form
+                    raise GrammarError("a quoted mapping key; Hydra's grammar takes unquoted "
+                                       "keys only ({a: 1})")
                 key = self.primitive(_DICT_KEY_PARTS)
+                if key is None:  # OmegaConf refuses a None key
+                    raise GrammarError("a null mapping key (Hydra refuses it)")
                 self.take("COLON")
                 result[key] = self.element(depth + 1)
                 if self.peek() != "COMMA":

@@ -158,6 +158,12 @@ def _apply_argument(document: YamlMap, item: Override, origins: dict[str, Where]
         raise fail(f"a key {len(parts)} levels deep; more than {MAX_NESTING} is refused, as for "
                    "a file")
     budget.spend(parsed.value, item)
+    if key == "" and (parsed.kind in ("delete", "change")
+                      or parsed.kind == "add" and not isinstance(parsed.value, (YamlMap, list))):
+        # hydra's empty key is the root: it cannot be deleted or changed, and `+` of a plain
+        # value finds it already there; `++`, or `+` of a mapping or list, adds a key ''.
+        raise fail("the empty key names the whole config: only ++=value or +={...}/[...] "
+                   "add a key '' (Hydra refuses the others)")
     if parsed.kind == "delete":
         _check_deletion(document, parsed, fail)
         return key  # Bridge keeps the recipe's value: nothing changes

@@ -37,6 +37,11 @@ _MAX_SOURCE_BYTES = 2 * 1024 * 1024
 # Syntax-tree nodes visited while evaluating one file: Bridge 0.6.2's (1,455 nodes) takes 2,621.
 MAX_READ_NODES = 200_000
 _MAX_CHAIN = 32  # recipes starting from recipes, this many deep at most
+# Field values written while evaluating (each recipe built from the class or copied from
+# another before it changes a field): Bridge 0.6.2's file writes about 700. One recipe over a
+# 15,000-field class under 6,001 names was copied per name (2.4 GB); names now share one
+# evaluated recipe, and what is still written is counted.
+MAX_FIELDS_WRITTEN = 1_000_000
 _CLASS = "MixedPrecisionConfig"
 _REGISTRY = "MIXED_PRECISION_RECIPES"
 _PAIRS = {"fp8_param": "fp8_param_gather", "fp8_param_gather": "fp8_param",
@@ -165,6 +170,7 @@ class _Evaluator:
     def __init__(self, tree: ast.Module, label: str) -> None:
         self.tree, self.label = tree, label
         self.left = MAX_READ_NODES
+        self.written = 0
         self.spend(tree)  # the whole file once; recipes are charged again as evaluated
         self.functions = {node.name: node for node in tree.body
                           if isinstance(node, ast.FunctionDef)}
@@ -181,6 +187,12 @@ class _Evaluator:
             raise UnreadableRecipes(f"{self.label}: more than {MAX_READ_NODES} syntax-tree "
                                     "nodes to evaluate")
 
+    def write(self, node: ast.AST, fields: int) -> None:
+        self.written += fields
+        if self.written > MAX_FIELDS_WRITTEN:
+            raise self.fail(node, f"recipes that write more than {MAX_FIELDS_WRITTEN} field "
+                            "values to evaluate")
+
     def run(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         self.order, self.defaults, self.sync = self._dataclass()
         names = self._registered()
@@ -188,6 +200,8 @@ class _Evaluator:
             raise self.fail(None, f"no recipe registered in {_REGISTRY}")
         recipes = {}
         for name, function in names.items():
+            # Several names for one function share its evaluated fields (read-only from here:
+            # recipe_by_name copies what it returns).
             recipes[name] = self._recipe(function, 0)
         return dict(self.defaults), recipes
 
@@ -246,7 +260,7 @@ class _Evaluator:
     def _recipe(self, function: ast.FunctionDef, depth: int) -> dict[str, Any]:
         known = self.memo.get(function.name)
         if known is not None:
-            return dict(known)
+            return known  # shared: a recipe that changes it copies it first
         if depth > _MAX_CHAIN:
             raise self.fail(function, f"recipes starting from recipes more than {_MAX_CHAIN} "
                             "deep (a cycle?)")
@@ -256,6 +270,7 @@ class _Evaluator:
             raise self.fail(function, f"recipe {function.name} takes arguments")
         local: str | None = None
         values: dict[str, Any] | None = None
+        owned = False  # `values` is this recipe's own (else another recipe's, shared)
         for statement in function.body:
             if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
                 continue  # the docstring
@@ -273,12 +288,18 @@ class _Evaluator:
                 target = targets[0]
                 if isinstance(target, ast.Name) and local is None:
                     local, values = target.id, self._built(statement.value, depth)
+                    owned = isinstance(statement.value, ast.Call) \
+                        and isinstance(statement.value.func, ast.Name) \
+                        and statement.value.func.id == _CLASS
                     continue
                 if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) \
                         and target.value.id == local and values is not None:
                     if target.attr not in self.defaults:
                         raise self.fail(target, f"recipe {function.name} sets {target.attr}, "
                                         f"not a field of {_CLASS}")
+                    if not owned:
+                        self.write(statement, len(values))
+                        values, owned = dict(values), True
                     self._assign(values, target.attr, self._constant(statement.value))
                     continue
             raise self.fail(statement, f"recipe {function.name}: a statement qaudit cannot "
@@ -287,7 +308,7 @@ class _Evaluator:
             raise self.fail(function, f"recipe {function.name} returns nothing qaudit can read")
         if values is None:
             raise self.fail(function, f"recipe {function.name} returns nothing qaudit can read")
-        self.memo[function.name] = dict(values)
+        self.memo[function.name] = values
         return values
 
     def _built(self, node: ast.AST | None, depth: int) -> dict[str, Any]:
@@ -300,6 +321,7 @@ class _Evaluator:
                 if keyword.arg is None or keyword.arg not in self.defaults:
                     raise self.fail(keyword, f"{_CLASS}({keyword.arg or '**...'}=...): not a field")
                 given[keyword.arg] = self._constant(keyword.value)
+            self.write(node, len(self.order))
             values: dict[str, Any] = {}
             for name in self.order:  # dataclass __init__ assigns in field order
                 self._assign(values, name, given.get(name, self.defaults[name]))
