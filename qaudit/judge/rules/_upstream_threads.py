@@ -53,3 +53,25 @@ def setting_on(config: ModelConfig, name: str) -> tuple[bool, str | None, int | 
         if setting_name(note.key) == name and not note.no_effect:
             return True, note.file or config.file, note.line
     return False, None, None
+
+
+def setting_value(config: ModelConfig, name: str) -> tuple[Any, str | None, int | None]:
+    """A setting's value as the input gives it, for settings the loaders neither model nor
+    note (`megatron_fsdp_version`): the YAML or Bridge key, else the launch flag's value in
+    the argv read (`--megatron-fsdp-version 2`, or `--megatron-fsdp-version=2`); None if unset."""
+    source = config.source
+    if source is None:
+        return None, None, None
+    if name in source.mapping:
+        file, line = config.where(name)
+        return source.mapping.get(name), file or config.file, line
+    flag = "--" + name.replace("_", "-")
+    words = list(source.argv or [])
+    for index, word in enumerate(words):
+        text = getattr(word, "text", str(word))
+        if text.startswith(flag + "="):
+            return text[len(flag) + 1:], config.file, getattr(word, "line", None)
+        if text == flag and index + 1 < len(words):
+            after = words[index + 1]
+            return getattr(after, "text", str(after)), config.file, getattr(word, "line", None)
+    return None, None, None
