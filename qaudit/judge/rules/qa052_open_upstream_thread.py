@@ -118,7 +118,8 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     release qaudit knows (and no known Megatron-LM commit) has fixed, or fixed only after
     the Megatron the verdict is for. qaudit does not model these code paths, so it names the
     thread where the config uses the feature and leaves the check to the guard, which watches
-    the real run's main_grad writes. The threads and what turns each on:
+    the real run's main_grad writes (for Bridge #6103, a loss rather than a write, to
+    reading the forward step). The threads and what turns each on:
 
     - TE issue #3437 (PR #3552 open): TE modules sharing one weight, `delay_wgrad_compute`
       with `gradient_accumulation_fusion` off: the delayed wgrad writes the shared weight's
