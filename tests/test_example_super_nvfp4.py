@@ -76,7 +76,8 @@ def test_the_recipes_mxfp8_out_proj_stays_bf16_in_the_last_14_layers(monkeypatch
     it, so their out_proj stays BF16 (QA015)."""
     _, report = audit(monkeypatch, capsys)
     warnings = [f for f in report["findings"] if f["severity"] == "warning"]
-    assert [f["rule"] for f in warnings] == ["QA015"]
+    # Besides QA052: Bridge #6103 (the MTP loss over padding), on every Bridge MTP dump.
+    assert [f["rule"] for f in warnings] == ["QA015", "QA052"]
     precision = {row["name"]: row["precision"] for row in report["modules"]}
     out_projs = {name: value for name, value in precision.items()
                  if name.startswith("decoder.") and name.endswith("mixer.out_proj")}

@@ -13,7 +13,8 @@ from cli_helpers import run_in_process
 from qaudit.errors import InputError
 from qaudit.plan.policies import POLICIES
 from qaudit.plan.upstream.detect import locate_megatron, read_behaviour
-from qaudit.plan.upstream.releases import FIELD_SINCE, KNOWN, MAIN, NEWEST_RELEASE, RELEASES, version_key
+from qaudit.plan.upstream.releases import (FIELD_SINCE, KNOWN, MAIN, NEWEST_RELEASE, RELEASES,
+                                           YANKED, version_key)
 from qaudit.plan.upstream.target import resolve_megatron
 
 # --- a Megatron source tree, small and written here, in the shapes upstream's code has taken --
@@ -162,6 +163,20 @@ def test_a_patched_release_is_audited_as_its_code_reads(tmp_path):
     assert "differs from the released 0.19.2" in target.note
 
 
+def test_yanked_releases_are_known_and_say_so_when_named_or_installed(tmp_path):
+    # The index's yanks (pip download: "Reason for being yanked: wrong version"); their code
+    # is audited as read, like any release's.
+    assert YANKED == {"0.18.1": "wrong version", "0.19.1": "wrong version"}
+    assert set(YANKED) <= set(RELEASES)
+    named = resolve_megatron("0.19.1")
+    assert named.behaviour == KNOWN["0.19.1"]
+    assert named.note == 'yanked on the package index ("wrong version")'
+    assert resolve_megatron("0.19.2").note is None
+    root = write_megatron(tmp_path, version="0.18.1", rearm="0.19")
+    installed = resolve_megatron("auto", [str(root)])
+    assert installed.source == "installed" and "yanked on the package index" in installed.note
+
+
 # --- the command line ----------------------------------------------------------------------
 
 def test_default_without_megatron_fails_the_bf16_repeated_mtp_example(monkeypatch, capsys):
@@ -171,6 +186,19 @@ def test_default_without_megatron_fails_the_bf16_repeated_mtp_example(monkeypatc
     code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-mtp-bf16.yaml",
                                   "--megatron", "main")
     assert code == 0 and "megatron: Megatron-LM main (d98e8a64 + PR #6965) (named with --megatron)" in out
+
+
+def test_a_yanked_release_says_so_in_the_header_and_in_env(monkeypatch, capsys, tmp_path):
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                  "--megatron", "0.19.1", "--format", "json")
+    assert code == 0 and json.loads(out)["megatron"]["note"] == (
+        'yanked on the package index ("wrong version")')
+    code, out, _ = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
+                                  "--megatron", "0.19.1")
+    assert "megatron: megatron-core 0.19.1 (named with --megatron; yanked on the package" in out
+    monkeypatch.syspath_prepend(str(write_megatron(tmp_path, version="0.19.1")))
+    code, out, _ = run_in_process(monkeypatch, capsys, "env")
+    assert "megatron-core 0.19.1" in out and "yanked on the package index" in out
 
 
 def test_policy_wins_over_megatron_and_says_so(monkeypatch, capsys):

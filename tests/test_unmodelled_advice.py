@@ -52,5 +52,20 @@ def test_the_verdict_wraps_a_long_setting_line_instead_of_cutting_it(tmp_path):
     text = render(report, report.exit_code(), "table", width=80)
     verdict = text.split("\nmodule ")[0]
     assert "~" not in verdict
-    assert "always accumulate and ignore per-module recipes; not modelled" in " ".join(
-        line.strip() for line in verdict.splitlines())
+    joined = " ".join(line.strip() for line in verdict.splitlines())
+    assert "or overwrite it where the parameter has overwrite_main_grad (Megatron-FSDP), and "\
+        "ignore per-module recipes; not modelled" in joined
+
+
+def test_the_op_fuser_note_says_megatron_fsdp_overwrites_and_names_qa051(tmp_path):
+    """TE's op fuser adds into main_grad only without overwrite_main_grad (ops/_common.py
+    get_accumulate_flag_in_param); under Megatron-FSDP it overwrites, and TE 2.14's fused
+    grouped MLP did not write main_grad at all there: "always accumulate" was wrong."""
+    config = tmp_path / "c.yaml"
+    config.write_text(BASE + "use_transformer_engine_op_fuser: true\n")
+    report = audit_files(str(config), None, FAST)
+    [note] = [f for f in report.findings if f.rule == "QA090"
+              and "use_transformer_engine_op_fuser" in f.message]
+    assert "always accumulate" not in note.message + note.fix
+    assert "overwrite_main_grad (Megatron-FSDP)" in note.message
+    assert "QA051" in note.fix and "2.14.1" in note.fix

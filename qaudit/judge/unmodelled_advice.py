@@ -48,8 +48,11 @@ ADVICE: dict[str, Advice] = {
         "read megatron/core/transformer/moe/experts.py (the fused GroupedMLP) and "
         "megatron/core/models/gpt/gpt_layer_specs.py (use_te_op_fuser), and run qaudit guard "
         "-- LAUNCH_COMMAND",
-        "not for the modules it replaces, which always accumulate; yes for the modules around "
-        "them, audited as usual"),
+        "not through is_first_microbatch for the modules it replaces (they add into main_grad, "
+        "or under Megatron-FSDP overwrite it, every microbatch), but their own bugs can: on TE "
+        "2.14 and 2.14.1 the fused grouped-MLP backward never writes a single grouped weight's "
+        "main_grad under Megatron-FSDP (QA051); yes for the modules around them, audited as "
+        "usual"),
     "tp_comm_overlap": Advice(
         "TE's userbuffer overlap of tensor-parallel communication", GUARD,
         "not through is_first_microbatch (TE takes the same flag with or without the overlap); "

@@ -74,7 +74,9 @@ UNMODELLED: dict[str, Unmodelled] = {
     "microbatch_group_size_per_vp_stage": Unmodelled(
         "the interleaved schedule's microbatch grouping is not modelled", _above_one),
     "use_transformer_engine_op_fuser": Unmodelled(
-        "TE op-fuser MLPs always accumulate and ignore per-module recipes; not modelled"),
+        "TE op-fuser MLPs take no is_first_microbatch: they add into main_grad, or overwrite "
+        "it where the parameter has overwrite_main_grad (Megatron-FSDP), and ignore "
+        "per-module recipes; not modelled"),
     "use_grouped_gemm_for_shared_expert": Unmodelled("grouped shared experts are not modelled"),
     "use_grouped_gemm_for_dense_mlp": Unmodelled("grouped dense MLPs are not modelled"),
     "moe_single_grouped_weight": Unmodelled("a single grouped expert weight is not modelled"),

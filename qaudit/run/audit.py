@@ -196,7 +196,7 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
         overwrite_main_grad=overwrite, te_modules=te_modules, match_names=match_names,
         bindings=bindings, evaluation=options.evaluation, allow_import=options.allow_import,
         custom_factories=factories, te_version=te.rule_version, built_widths=built_widths,
-        te_shape_checks=shape_checks_for(session.runtime))
+        te_shape_checks=shape_checks_for(session.runtime), megatron=megatron_target(options, config))
     return AuditRun(model=model, session=session, records=records, rows=rows_in_order, facts=facts,
                     snapshot=snapshot or None, memory=memory,
                     observation=observation(classes, order))

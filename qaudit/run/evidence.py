@@ -35,6 +35,9 @@ class AuditFacts:
     custom_factories: dict[str, str] = field(default_factory=dict)  # factory -> what it gave
     cross_check: Any = None  # --cross-check: qaudit.crosscheck.CrossCheck
     te_version: str | None = None  # the TE release the verdict is for (None: the newest known)
+    # The Megatron the verdict is for (qaudit.plan.upstream.target.MegatronTarget); None where
+    # none was resolved (the guard's observed facts).
+    megatron: Any = None
     # --full-size: each TE module's (in_features, out_features) in the real-width build.
     built_widths: dict[str, tuple[int, int]] = field(default_factory=dict)
     # With TE's Python imported by the te runtime: its own shape checks (runtime/te_shapes.py).

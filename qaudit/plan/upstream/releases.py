@@ -20,6 +20,10 @@ RELEASES = ("0.5.0", "0.6.0", "0.7.0", "0.8.0", "0.9.0", "0.10.0", "0.11.0", "0.
             "0.19.0", "0.19.1", "0.19.2")
 NEWEST_RELEASE = RELEASES[-1]
 MAIN = "main"
+# Releases the package index marks yanked, with the index's reason (read by
+# `scripts/megatron-releases check`, which fails when the index says otherwise). pip installs
+# them only when asked for by exact version; their code is still what the table says.
+YANKED: dict[str, str] = {"0.18.1": "wrong version", "0.19.1": "wrong version"}
 
 # The first release whose TransformerConfig (or ModelParallelConfig) has each field qaudit
 # models, for fields younger than 0.5.0; read from transformer_config.py and
@@ -113,6 +117,12 @@ KNOWN[MAIN] = MegatronBehaviour(policy="config", passing="config",
 
 def behaviour_of(version: str) -> MegatronBehaviour | None:
     return KNOWN.get(version)
+
+
+def yank_note(version: str | None) -> str | None:
+    """`yanked on the package index ("wrong version")` for a yanked release, else None."""
+    reason = YANKED.get(version or "")
+    return None if reason is None else f'yanked on the package index ("{reason}")'
 
 
 def releases_with_policy(policy: str) -> list[str]:

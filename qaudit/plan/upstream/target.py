@@ -22,7 +22,7 @@ from qaudit.plan.upstream.commits import MAIN_LABEL, KnownCommit, commit_names, 
 from qaudit.plan.upstream.detect import (MegatronLocation, UnreadableMegatron, locate_megatron,
                                          megatron_at, read_behaviour)
 from qaudit.plan.upstream.releases import (FIELD_SINCE, KNOWN, MAIN, NEWEST_RELEASE, RELEASES,
-                                      MegatronBehaviour)
+                                      MegatronBehaviour, yank_note)
 
 AUTO = "auto"
 CHOOSE_HINT = "pass --megatron main or --megatron VERSION for the Megatron you run"
@@ -80,7 +80,7 @@ def resolve_megatron(spec: str = AUTO, search_path: Sequence[str] | None = None,
     version = spec[1:] if spec[:1] in ("v", "V") and spec[1:2].isdigit() else spec
     behaviour = KNOWN.get(version)
     if behaviour is not None:
-        return MegatronTarget("named", version, behaviour)
+        return MegatronTarget("named", version, behaviour, note=yank_note(version))
     known = known_commit(spec)
     if known is not None:
         return _commit_target("named", known)
@@ -142,6 +142,8 @@ def _assumed(assumed: str | None, why: str, newest_why: str) -> MegatronTarget:
 def _differences(location: MegatronLocation, behaviour: MegatronBehaviour) -> str | None:
     """How the code read differs from what its version or commit says, if it does."""
     notes = []
+    if location.kind == "package" and yank_note(location.version):
+        notes.append(yank_note(location.version))
     released = KNOWN.get(location.version or "")
     if location.kind == "package" and released is not None and released != behaviour:
         notes.append(f"its code differs from the released {location.version} (patched?): "

@@ -47,7 +47,7 @@ from qaudit.plan.upstream.dist_info import VersionRead, dist_info_version, plaus
 # first with GroupedLinear) to v2.18, and the 2.20.2 wheel from the package index.
 TE_RELEASES = ("1.9", "1.10", "1.11", "1.12", "1.13", "2.0", "2.1", "2.2", "2.2.1", "2.3",
                "2.4", "2.5", "2.6", "2.7", "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14",
-               "2.14.1", "2.15", "2.16", "2.16.1", "2.17", "2.17.1", "2.18", "2.20.2")
+               "2.14.1", "2.15", "2.16", "2.16.1", "2.17", "2.17.1", "2.18", "2.19", "2.20.2")
 NEWEST_TE = TE_RELEASES[-1]
 TE_MAIN = "main"
 TE_MAIN_VERSION = "2.20.0.dev0"  # TE main at commit d0067d0da6, as read
@@ -58,6 +58,14 @@ CHOOSE_TE_HINT = "pass --te VERSION for the Transformer Engine you run"
 OVERWRITE_READ_FROM_GEMM_WEIGHT = ("layernorm_linear", "grouped_linear")
 # [first, fixed): the releases whose GroupedLinear drops the graph-capture skip flag (TE #3051).
 GROUPED_SKIP_FLAG_DROPPED = ((2, 10), (2, 17))
+# [first, fixed): the releases whose GroupedLinear module, with `single_grouped_weight`, hands
+# the grouped parameter's member tensors (no autograd link to it) to its GEMMs, so the
+# parameter gets no weight gradient (TE #3234, fixed by PR #3224 in 2.19).
+GROUPED_SINGLE_WEIGHT_SPLIT = ((2, 14), (2, 19))
+# [first, fixed): the releases whose fused grouped-MLP backward (ops/fused/
+# backward_grouped_mlp.py) computes a single grouped weight's gradient into a scratch buffer
+# when the parameter has `overwrite_main_grad`, never into main_grad (TE PR #2936, in 2.15).
+FUSED_GROUPED_MLP_OVERWRITE_SCRATCH = ((2, 14), (2, 15))
 
 
 def te_version_key(version: str) -> tuple[int, ...] | None:
@@ -82,6 +90,11 @@ class TEBehaviour:
     graph_warmup_rearms: bool  # make_graphed_callables re-arms is_first_microbatch after warm-up
     # GroupedLinear passes TE's skip-weight-update flag on during a quantized graph capture.
     grouped_linear_graph_skip_flag: bool
+    # GroupedLinear(single_grouped_weight=True) gives its grouped parameter a weight gradient.
+    single_grouped_weight_wgrad: bool = True
+    # The op fuser's fused grouped-MLP backward writes a single grouped weight's main_grad
+    # when the parameter has overwrite_main_grad (Megatron-FSDP).
+    fused_grouped_mlp_overwrites_main_grad: bool = True
 
     @property
     def reads_overwrite_main_grad(self) -> bool:
@@ -99,7 +112,11 @@ def te_behaviour(version: str) -> TEBehaviour:
         delay_wgrad_hooks=key >= (2, 7),
         graph_warmup_rearms=key < (2, 14),
         grouped_linear_graph_skip_flag=not (GROUPED_SKIP_FLAG_DROPPED[0] <= key
-                                            < GROUPED_SKIP_FLAG_DROPPED[1]))
+                                            < GROUPED_SKIP_FLAG_DROPPED[1]),
+        single_grouped_weight_wgrad=not (GROUPED_SINGLE_WEIGHT_SPLIT[0] <= key
+                                         < GROUPED_SINGLE_WEIGHT_SPLIT[1]),
+        fused_grouped_mlp_overwrites_main_grad=not (
+            FUSED_GROUPED_MLP_OVERWRITE_SCRATCH[0] <= key < FUSED_GROUPED_MLP_OVERWRITE_SCRATCH[1]))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,49 @@
+"""TE issue #3234 shown on the affected releases' own Python, on qaudit's CPU kernel stand-in
+and without the guard: TE's GroupedLinear with one grouped weight parameter writes neither
+main_grad nor .grad, while the same module with per-expert weights writes both (the control:
+the stand-in computes weight gradients). This is the code QA050 flags; the guard catching
+it, and the fixed releases (2.19+, whose single-grouped-weight path needs TE's native
+grouped GEMM, which the stand-in does not provide), are not tested here.
+(tests/te_single_grouped_weight.py does the work in a subprocess: one TE per process.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qaudit.plan.upstream.te import locate_te, te_behaviour
+
+REPO = Path(__file__).resolve().parent.parent
+TE_DIRS = [Path(p) for name in ("QAUDIT_TEST_TE_DIRS", "QAUDIT_TEST_TE_RANGE_DIRS")
+           for p in os.environ.get(name, "").split(":") if p]
+
+
+def _affected(te_dir: Path) -> bool:
+    _, version = locate_te([str(te_dir)])
+    source = (te_dir / "transformer_engine/pytorch/module/grouped_linear.py").read_text()
+    return "single_grouped_weight" in source and not te_behaviour(version).single_grouped_weight_wgrad
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TE_DIRS, reason="QAUDIT_TEST_TE_DIRS not set (scripts/fetch-te)")
+@pytest.mark.parametrize("te_dir", TE_DIRS, ids=[p.name for p in TE_DIRS])
+def test_a_single_grouped_weight_gets_no_gradient_in_the_affected_releases(te_dir, tmp_path):
+    if not _affected(te_dir):
+        pytest.skip(f"{te_dir.name}: not in QA050's range (no such setting, or fixed)")
+    out = tmp_path / "result.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(te_dir), str(te_dir.parent / "te-deps")])
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "te_single_grouped_weight.py"),
+                           str(out)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["per_expert"] == {"parameters": 2, "main_grad_written": True,
+                                    "grad_set": True, "input_grad": True}, result
+    assert result["single_grouped_weight"] == {"parameters": 1, "main_grad_written": False,
+                                               "grad_set": False, "input_grad": True}, result
