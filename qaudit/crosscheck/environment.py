@@ -249,6 +249,32 @@ def _cpu_cuda_answers() -> contextlib.ExitStack:
     return stack
 
 
+def _cuda_type_names() -> contextlib.ExitStack:
+    """Megatron's optimizer checks tensor types by name: every gradient is
+    'torch.cuda.FloatTensor' before clipping (megatron/core/optimizer/clip_grads.py), and the
+    BF16/FP16 optimizers sort parameters by 'torch.cuda.{Half,BFloat16,Float}Tensor'
+    (optimizer.py, distrib_optimizer.py). Under TE's CPU pose every tensor already says
+    `is_cuda`; `tensor.type()` then names the CUDA type of the same dtype, so those checks see
+    what they would on a GPU. A conversion (`type(dtype)`) is torch's own."""
+    stack = contextlib.ExitStack()
+    if _real_cuda():
+        return stack
+    original = torch.Tensor.type
+
+    def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False,
+              **kwargs: Any) -> Any:
+        if dtype is not None or kwargs:
+            return original(self, dtype, non_blocking, **kwargs)
+        name = original(self)
+        if self.layout is torch.strided and self.device.type == "cpu" and name.startswith(
+                "torch.") and name.endswith("Tensor"):
+            return "torch.cuda." + name[len("torch."):]
+        return name
+
+    stack.enter_context(_patched(torch.Tensor, "type", type_))
+    return stack
+
+
 @contextlib.contextmanager
 def _process_group() -> Iterator[None]:
     """A gloo group of one rank and Megatron's parallel_state over it (TP = PP = EP = CP = 1)."""
@@ -382,6 +408,8 @@ def process_stand_ins(te: "TESide", stack: contextlib.ExitStack) -> None:
     stack.enter_context(_triton_kernel_finder())
     if not use_real_te:
         stack.enter_context(_cpu_cuda_answers())
+    if te.kind == "te-cpu":
+        stack.enter_context(_cuda_type_names())
     stack.enter_context(_typing_override())
     if not use_real_te:
         # Megatron decorates its fused functions with torch.compile at import
