@@ -259,3 +259,70 @@ def test_a_job_without_megatron_keeps_its_exit_code_and_is_not_vouched_for(tmp_p
     assert "saw no completed watched step" in done.stderr
     done = _qaudit("guard", "--mode", "warn", "--", sys.executable, "-c", "print('trained')")
     assert done.returncode == 0
+
+
+class _ApexLinearFunction(torch.autograd.Function):
+    """Megatron's own linear with gradient_accumulation_fusion: the weight gradient is added
+    into `weight.main_grad` by APEX's kernel, whatever parameter `weight` is."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x)
+        ctx.weight = weight
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        apex = sys.modules["fused_weight_gradient_mlp_cuda"]
+        apex.wgrad_gemm_accum_fp32(x, grad, ctx.weight.main_grad)
+        return grad @ ctx.weight, None
+
+
+def _tied_model():
+    """An embedding and an output layer without a weight of its own, handed the embedding's
+    (share_embeddings_and_output_weights), called twice (the main head and an MTP depth)."""
+
+    class ColumnParallelLinear(torch.nn.Module):
+        gradient_accumulation_fusion = True
+
+        def forward(self, x, weight=None):
+            return _ApexLinearFunction.apply(x, weight)
+
+    ColumnParallelLinear.__module__ = "megatron.core.tensor_parallel.layers"
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Parameter(torch.randn(4, 4))
+            self.embedding.main_grad = torch.zeros(4, 4)
+            self.output_layer = ColumnParallelLinear()
+
+        def forward(self, x):
+            head = self.output_layer(x, weight=self.embedding)
+            return head + self.output_layer(x * 2, weight=self.embedding)
+
+    return Model()
+
+
+def test_a_tied_output_layers_writes_into_the_embeddings_buffer_are_its_calls(monkeypatch):
+    """The output layer has no weight; its wgrad goes into the embedding's main_grad. Each
+    write is attributed to the call that made it, and --numeric measures it."""
+    def wgrad_gemm_accum_fp32(x, grad, main_grad):
+        main_grad.add_(grad.t() @ x)
+
+    apex = types.ModuleType("fused_weight_gradient_mlp_cuda")
+    apex.wgrad_gemm_accum_fp32 = wgrad_gemm_accum_fp32
+    monkeypatch.setitem(sys.modules, "fused_weight_gradient_mlp_cuda", apex)
+    torch.manual_seed(0)
+    model = _tied_model()
+    observer = LiveObserver(numeric=True)
+    _train(observer, model, microbatches=1)
+    records = observer.seen.records()["output_layer"]
+    assert [(r.call, r.decision) for r in records] == [(1, "accumulate"), (2, "accumulate")]
+    assert observer.seen.strays == []
+    checks = observer.seen.numeric
+    assert [(c.module, c.call) for c in checks] == [("output_layer", 2), ("output_layer", 1)]
+    assert all(c.own > 0 and c.residual < 1e-6 for c in checks)
+    report = build_report([_part(observer)], GuardOptions(numeric=True))
+    assert {row.name: row.accumulation for row in report.modules} == {"output_layer": "accumulate"}
