@@ -326,3 +326,44 @@ def test_a_tied_output_layers_writes_into_the_embeddings_buffer_are_its_calls(mo
     assert all(c.own > 0 and c.residual < 1e-6 for c in checks)
     report = build_report([_part(observer)], GuardOptions(numeric=True))
     assert {row.name: row.accumulation for row in report.modules} == {"output_layer": "accumulate"}
+
+
+def test_the_flags_that_cannot_run_on_a_cpu_are_named_with_why():
+    from enum import Enum
+
+    from qaudit.guard import cpu
+
+    backend = Enum("AttnBackend", "auto flash fused unfused local")
+    usual = types.SimpleNamespace(cuda_graph_impl="none", attention_backend=backend.auto,
+                                  tp_comm_overlap=False, optimizer_cuda_graph=False)
+    assert cpu.refusals(usual) == []
+    lines = cpu.refusals(types.SimpleNamespace(cuda_graph_impl="transformer_engine",
+                                               attention_backend=backend.fused,
+                                               tp_comm_overlap=True, optimizer_cuda_graph=True))
+    assert [line.split(" cannot run under --cpu: ")[0] for line in lines] == [
+        "--cuda-graph-impl transformer_engine", "--optimizer-cuda-graph",
+        "--attention-backend fused", "--tp-comm-overlap"]
+    assert all("rehearse" in line for line in lines)
+
+
+def test_megatrons_type_name_checks_see_cuda_names_under_the_cpu_pose():
+    """clip_grads.py asserts 'torch.cuda.FloatTensor' for every gradient; the BF16 optimizer
+    sorts parameters by 'torch.cuda.BFloat16Tensor'. Conversions stay torch's own."""
+    from qaudit.crosscheck import environment
+
+    with environment._cuda_type_names():
+        assert torch.zeros(1).type() == "torch.cuda.FloatTensor"
+        assert torch.nn.Parameter(torch.zeros(1, dtype=torch.bfloat16)).type() == \
+            "torch.cuda.BFloat16Tensor"
+        assert torch.zeros(1).type(torch.float64).dtype == torch.float64
+    assert torch.zeros(1).type() == "torch.FloatTensor"
+
+
+def test_the_kernel_stand_in_has_no_fused_attention_in_either_calling_convention():
+    from qaudit.runtime.te_cpu import kernels
+
+    tex = kernels.build(with_max512_backend=False)
+    none = tex.NVTE_Fused_Attn_Backend.NVTE_No_Backend
+    backend, reason = tex.get_fused_attn_backend(object())  # TE 2.20: one params object
+    assert backend == none and reason
+    assert tex.get_fused_attn_backend(True, 1, 1, 1, 1) == none  # TE 2.8 to 2.14: the fields

@@ -14,7 +14,7 @@ build but no Makefile. The tests run on a copy of the wheel's `megatron` package
 Makefile of ours that builds the helpers for this Python (g++, pybind11 from the [test]
 extra), built once per module, so every launch's own `make` finds them up to date.
 
-Slow (four torchrun launches and one `qaudit check`); needs QAUDIT_TEST_TE_DIRS and
+Slow (five torchrun launches and one `qaudit check`); needs QAUDIT_TEST_TE_DIRS and
 QAUDIT_TEST_MEGATRON_CORE.
 """
 
@@ -193,3 +193,13 @@ def test_two_gloo_ranks_per_depth_train_with_the_distributed_optimizer(megatron,
     assert report["guard"]["ranks"] == 2
     rows = {row["name"]: row for row in report["modules"]}
     assert rows["output_layer"]["accumulation"] == "accumulate"  # its own weight, untied
+
+
+def test_a_flag_that_cannot_run_on_a_cpu_is_named_before_anything_is_built(megatron, tmp_path):
+    done, _ = _pretrain(megatron, tmp_path, ["--attention-backend", "fused"])
+    assert done.returncode not in (0, EXIT_STOPPED)  # the job's own failure: no backend
+    lines = [line for line in done.stderr.splitlines()
+             if line.startswith("qaudit guard: --attention-backend fused cannot run")]
+    assert len(lines) == 1
+    assert done.stderr.index(lines[0]) < done.stderr.index("No dot product attention backend")
+    assert _iterations(done.stdout) == []
