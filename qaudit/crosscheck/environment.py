@@ -350,6 +350,38 @@ def _cpu_megatron_calls(te_on_cpu: bool) -> contextlib.ExitStack:
     return stack
 
 
+ATTENTION_SWITCHES = {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "1"}
+
+
+def unfused_attention_only(utils: types.ModuleType) -> None:
+    """TE's attention backend choice (`dot_product_attention/utils.py`,
+    `get_attention_backend`) made with only its unfused PyTorch backend allowed: flash and
+    cuDNN fused attention are GPU kernels. A launch pinning one (`--attention-backend
+    fused`: Megatron opts TE out of the other two through these switches at model build,
+    LanguageModule._set_attention_backend) then still runs; core attention has no linear
+    module. The switches are set only around the choice, so Megatron's own check of them at a
+    later build still sees its values. For the guard's --cpu (qaudit/guard/cpu.py)."""
+    choose = getattr(utils, "get_attention_backend", None)
+    if choose is None or getattr(choose, "__qaudit_standin__", False):
+        return
+
+    def get_attention_backend(*args: Any, **kwargs: Any) -> Any:
+        saved = {name: os.environ.get(name) for name in ATTENTION_SWITCHES}
+        os.environ.update(ATTENTION_SWITCHES)
+        try:
+            return choose(*args, **kwargs)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    get_attention_backend.__qaudit_standin__ = True
+    get_attention_backend.__wrapped__ = choose
+    utils.get_attention_backend = get_attention_backend
+
+
 def _out_of_place_attention_mask() -> contextlib.ExitStack:
     """TE's unfused softmax (attention/dot_product_attention/softmax.py) masks its input in
     place. In BF16 that input is its own float32 copy; the cross-check runs in float32, where

@@ -69,8 +69,12 @@ def _after_megatron(callback: Any) -> None:
     a Megatron-LM launch's parsed flags are looked at once its arguments module is."""
     from qaudit.guard.hooks import after_import
 
+    from qaudit.crosscheck import environment
+
     after_import("megatron.core", lambda module: callback())
     after_import("megatron.training.arguments", _name_cpu_refusals)
+    after_import("transformer_engine.pytorch.attention.dot_product_attention.utils",
+                 environment.unfused_attention_only)
 
 
 # Launch flags that cannot run on a CPU, each with why and what to rehearse with instead
@@ -81,24 +85,32 @@ REFUSED_ON_CPU: tuple[tuple[str, str, Any, str], ...] = (
      "graph replays are not observed on a GPU either: docs/guard.md)"),
     ("optimizer_cuda_graph", "--optimizer-cuda-graph", bool,
      "CUDA graph capture needs a GPU; rehearse without it"),
-    ("attention_backend", "--attention-backend",
-     lambda v: getattr(v, "name", v) in ("flash", "fused"),
-     "flash and cuDNN fused attention are GPU kernels; rehearse with --attention-backend auto "
-     "or unfused (core attention has no linear module: the verdict is the same)"),
     ("tp_comm_overlap", "--tp-comm-overlap", bool,
      "TE's userbuffers communication overlap needs CUDA; rehearse without it"),
 )
 
 
+# Launch flags that run differently under --cpu, with what runs instead.
+REPLACED_ON_CPU: tuple[tuple[str, str, Any, str], ...] = (
+    ("attention_backend", "--attention-backend",
+     lambda v: getattr(v, "name", v) in ("flash", "fused"),
+     "TE's unfused attention runs instead (flash and cuDNN fused attention are GPU kernels; "
+     "core attention has no linear module, so the verdict is the same)"),
+)
+
+
 def refusals(args: Any) -> list[str]:
-    """One line per flag of the parsed launch that cannot run under --cpu."""
+    """One line per flag of the parsed launch that cannot run, or runs otherwise, under
+    --cpu."""
     lines = []
-    for dest, flag, applies, why in REFUSED_ON_CPU:
-        value = getattr(args, dest, None)
-        if value is not None and applies(value):
-            shown = getattr(value, "name", value)
-            named = flag if isinstance(shown, bool) else f"{flag} {shown}"
-            lines.append(f"{named} cannot run under --cpu: {why}")
+    for table, verb in ((REFUSED_ON_CPU, "cannot run under --cpu: "),
+                        (REPLACED_ON_CPU, "under --cpu: ")):
+        for dest, flag, applies, why in table:
+            value = getattr(args, dest, None)
+            if value is not None and applies(value):
+                shown = getattr(value, "name", value)
+                named = flag if isinstance(shown, bool) else f"{flag} {shown}"
+                lines.append(f"{named} {verb}{why}")
     return lines
 
 
