@@ -67,9 +67,8 @@ def boot() -> None:
 def _after_megatron(callback: Any) -> None:
     """Megatron's own modules get their stand-ins once `megatron.core` has been imported;
     a Megatron-LM launch's parsed flags are looked at once its arguments module is."""
-    from qaudit.guard.hooks import after_import
-
     from qaudit.crosscheck import environment
+    from qaudit.guard.hooks import after_import
 
     after_import("megatron.core", lambda module: callback())
     after_import("megatron.training.arguments", _name_cpu_refusals)

@@ -407,7 +407,8 @@ class LiveObserver:
             expected = prior + own if accumulate else own
             scale = max(float(own.norm()), 1e-30)
             self.seen.numeric.append(NumericCheck(
-                module=record.module if record is not None else entry.owner, step=self.step, microbatch=self.microbatch,
+                module=record.module if record is not None else entry.owner, step=self.step,
+                microbatch=self.microbatch,
                 call=record.call if record is not None else None,
                 decision="accumulate" if accumulate else "overwrite",
                 before=float(prior.norm()), own=float(own.norm()), after=float(after.norm()),
