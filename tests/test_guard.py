@@ -259,3 +259,111 @@ def test_a_job_without_megatron_keeps_its_exit_code_and_is_not_vouched_for(tmp_p
     assert "saw no completed watched step" in done.stderr
     done = _qaudit("guard", "--mode", "warn", "--", sys.executable, "-c", "print('trained')")
     assert done.returncode == 0
+
+
+class _ApexLinearFunction(torch.autograd.Function):
+    """Megatron's own linear with gradient_accumulation_fusion: the weight gradient is added
+    into `weight.main_grad` by APEX's kernel, whatever parameter `weight` is."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x)
+        ctx.weight = weight
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        apex = sys.modules["fused_weight_gradient_mlp_cuda"]
+        apex.wgrad_gemm_accum_fp32(x, grad, ctx.weight.main_grad)
+        return grad @ ctx.weight, None
+
+
+def _tied_model():
+    """An embedding and an output layer without a weight of its own, handed the embedding's
+    (share_embeddings_and_output_weights), called twice (the main head and an MTP depth)."""
+
+    class ColumnParallelLinear(torch.nn.Module):
+        gradient_accumulation_fusion = True
+
+        def forward(self, x, weight=None):
+            return _ApexLinearFunction.apply(x, weight)
+
+    ColumnParallelLinear.__module__ = "megatron.core.tensor_parallel.layers"
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = torch.nn.Parameter(torch.randn(4, 4))
+            self.embedding.main_grad = torch.zeros(4, 4)
+            self.output_layer = ColumnParallelLinear()
+
+        def forward(self, x):
+            head = self.output_layer(x, weight=self.embedding)
+            return head + self.output_layer(x * 2, weight=self.embedding)
+
+    return Model()
+
+
+def test_a_tied_output_layers_writes_into_the_embeddings_buffer_are_its_calls(monkeypatch):
+    """The output layer has no weight; its wgrad goes into the embedding's main_grad. Each
+    write is attributed to the call that made it, and --numeric measures it."""
+    def wgrad_gemm_accum_fp32(x, grad, main_grad):
+        main_grad.add_(grad.t() @ x)
+
+    apex = types.ModuleType("fused_weight_gradient_mlp_cuda")
+    apex.wgrad_gemm_accum_fp32 = wgrad_gemm_accum_fp32
+    monkeypatch.setitem(sys.modules, "fused_weight_gradient_mlp_cuda", apex)
+    torch.manual_seed(0)
+    model = _tied_model()
+    observer = LiveObserver(numeric=True)
+    _train(observer, model, microbatches=1)
+    records = observer.seen.records()["output_layer"]
+    assert [(r.call, r.decision) for r in records] == [(1, "accumulate"), (2, "accumulate")]
+    assert observer.seen.strays == []
+    checks = observer.seen.numeric
+    assert [(c.module, c.call) for c in checks] == [("output_layer", 2), ("output_layer", 1)]
+    assert all(c.own > 0 and c.residual < 1e-6 for c in checks)
+    report = build_report([_part(observer)], GuardOptions(numeric=True))
+    assert {row.name: row.accumulation for row in report.modules} == {"output_layer": "accumulate"}
+
+
+def test_the_flags_that_cannot_run_on_a_cpu_are_named_with_why():
+    from enum import Enum
+
+    from qaudit.guard import cpu
+
+    backend = Enum("AttnBackend", "auto flash fused unfused local")
+    usual = types.SimpleNamespace(cuda_graph_impl="none", attention_backend=backend.auto,
+                                  tp_comm_overlap=False, optimizer_cuda_graph=False)
+    assert cpu.refusals(usual) == []
+    lines = cpu.refusals(types.SimpleNamespace(cuda_graph_impl="transformer_engine",
+                                               attention_backend=backend.fused,
+                                               tp_comm_overlap=True, optimizer_cuda_graph=True))
+    assert [line.split(" cannot run under --cpu: ")[0] for line in lines[:3]] == [
+        "--cuda-graph-impl transformer_engine", "--optimizer-cuda-graph", "--tp-comm-overlap"]
+    assert all("rehearse" in line for line in lines[:3])
+    assert lines[3].startswith("--attention-backend fused under --cpu: TE's unfused attention")
+
+
+def test_megatrons_type_name_checks_see_cuda_names_under_the_cpu_pose():
+    """clip_grads.py asserts 'torch.cuda.FloatTensor' for every gradient; the BF16 optimizer
+    sorts parameters by 'torch.cuda.BFloat16Tensor'. Conversions stay torch's own."""
+    from qaudit.crosscheck import environment
+
+    with environment._cuda_type_names():
+        assert torch.zeros(1).type() == "torch.cuda.FloatTensor"
+        assert torch.nn.Parameter(torch.zeros(1, dtype=torch.bfloat16)).type() == \
+            "torch.cuda.BFloat16Tensor"
+        assert torch.zeros(1).type(torch.float64).dtype == torch.float64
+    assert torch.zeros(1).type() == "torch.FloatTensor"
+
+
+def test_the_kernel_stand_in_has_no_fused_attention_in_either_calling_convention():
+    from qaudit.runtime.te_cpu import kernels
+
+    tex = kernels.build(with_max512_backend=False)
+    none = tex.NVTE_Fused_Attn_Backend.NVTE_No_Backend
+    backend, reason = tex.get_fused_attn_backend(object())  # TE 2.20: one params object
+    assert backend == none and reason
+    assert tex.get_fused_attn_backend(True, 1, 1, 1, 1) == none  # TE 2.8 to 2.14: the fields

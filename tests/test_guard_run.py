@@ -68,7 +68,7 @@ def _steps_trained(stdout: str) -> int:
     return sum(1 for line in stdout.splitlines() if line.startswith("step "))
 
 
-@pytest.mark.parametrize("precision", [[], ["--fp8", "tensorwise"]], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("precision", [["--bf16"], ["--fp8", "tensorwise"]], ids=["bf16", "fp8"])
 def test_a_repeated_mtp_layer_is_stopped_before_the_first_update(tmp_path, precision):
     code, stdout, stderr, report = _guard(tmp_path, [], ["--mtp-layers", "2", "--repeated-mtp",
                                                          *precision])
@@ -86,6 +86,8 @@ def test_a_repeated_mtp_layer_is_stopped_before_the_first_update(tmp_path, preci
     rows = {row["name"]: row for row in report["modules"]}
     assert rows["mtp.layers.0.eh_proj"]["calls_per_microbatch"] == 2
     assert rows["output_layer"]["calls_per_microbatch"] == 3  # the main head and two depths
+    # The label is honest: BF16 parameters (Megatron's BF16 optimizer built on this CPU).
+    assert ("parameters bfloat16\n" in stdout) == ("--bf16" in precision)
     # Only its report was written: the job's directory is as it was.
     assert list((tmp_path / "work").iterdir()) == []
 

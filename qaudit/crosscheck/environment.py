@@ -249,6 +249,32 @@ def _cpu_cuda_answers() -> contextlib.ExitStack:
     return stack
 
 
+def _cuda_type_names() -> contextlib.ExitStack:
+    """Megatron's optimizer checks tensor types by name: every gradient is
+    'torch.cuda.FloatTensor' before clipping (megatron/core/optimizer/clip_grads.py), and the
+    BF16/FP16 optimizers sort parameters by 'torch.cuda.{Half,BFloat16,Float}Tensor'
+    (optimizer.py, distrib_optimizer.py). Under TE's CPU pose every tensor already says
+    `is_cuda`; `tensor.type()` then names the CUDA type of the same dtype, so those checks see
+    what they would on a GPU. A conversion (`type(dtype)`) is torch's own."""
+    stack = contextlib.ExitStack()
+    if _real_cuda():
+        return stack
+    original = torch.Tensor.type
+
+    def type_(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False,
+              **kwargs: Any) -> Any:
+        if dtype is not None or kwargs:
+            return original(self, dtype, non_blocking, **kwargs)
+        name = original(self)
+        if self.layout is torch.strided and self.device.type == "cpu" and name.startswith(
+                "torch.") and name.endswith("Tensor"):
+            return "torch.cuda." + name[len("torch."):]
+        return name
+
+    stack.enter_context(_patched(torch.Tensor, "type", type_))
+    return stack
+
+
 @contextlib.contextmanager
 def _process_group() -> Iterator[None]:
     """A gloo group of one rank and Megatron's parallel_state over it (TP = PP = EP = CP = 1)."""
@@ -324,6 +350,38 @@ def _cpu_megatron_calls(te_on_cpu: bool) -> contextlib.ExitStack:
     return stack
 
 
+ATTENTION_SWITCHES = {"NVTE_FLASH_ATTN": "0", "NVTE_FUSED_ATTN": "0", "NVTE_UNFUSED_ATTN": "1"}
+
+
+def unfused_attention_only(utils: types.ModuleType) -> None:
+    """TE's attention backend choice (`dot_product_attention/utils.py`,
+    `get_attention_backend`) made with only its unfused PyTorch backend allowed: flash and
+    cuDNN fused attention are GPU kernels. A launch pinning one (`--attention-backend
+    fused`: Megatron opts TE out of the other two through these switches at model build,
+    LanguageModule._set_attention_backend) then still runs; core attention has no linear
+    module. The switches are set only around the choice, so Megatron's own check of them at a
+    later build still sees its values. For the guard's --cpu (qaudit/guard/cpu.py)."""
+    choose = getattr(utils, "get_attention_backend", None)
+    if choose is None or getattr(choose, "__qaudit_standin__", False):
+        return
+
+    def get_attention_backend(*args: Any, **kwargs: Any) -> Any:
+        saved = {name: os.environ.get(name) for name in ATTENTION_SWITCHES}
+        os.environ.update(ATTENTION_SWITCHES)
+        try:
+            return choose(*args, **kwargs)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+    get_attention_backend.__qaudit_standin__ = True
+    get_attention_backend.__wrapped__ = choose
+    utils.get_attention_backend = get_attention_backend
+
+
 def _out_of_place_attention_mask() -> contextlib.ExitStack:
     """TE's unfused softmax (attention/dot_product_attention/softmax.py) masks its input in
     place. In BF16 that input is its own float32 copy; the cross-check runs in float32, where
@@ -382,6 +440,8 @@ def process_stand_ins(te: "TESide", stack: contextlib.ExitStack) -> None:
     stack.enter_context(_triton_kernel_finder())
     if not use_real_te:
         stack.enter_context(_cpu_cuda_answers())
+    if te.kind == "te-cpu":
+        stack.enter_context(_cuda_type_names())
     stack.enter_context(_typing_override())
     if not use_real_te:
         # Megatron decorates its fused functions with torch.compile at import

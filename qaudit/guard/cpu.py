@@ -65,10 +65,74 @@ def boot() -> None:
 
 
 def _after_megatron(callback: Any) -> None:
-    """Megatron's own modules get their stand-ins once `megatron.core` has been imported."""
+    """Megatron's own modules get their stand-ins once `megatron.core` has been imported;
+    a Megatron-LM launch's parsed flags are looked at once its arguments module is."""
+    from qaudit.crosscheck import environment
     from qaudit.guard.hooks import after_import
 
     after_import("megatron.core", lambda module: callback())
+    after_import("megatron.training.arguments", _name_cpu_refusals)
+    after_import("transformer_engine.pytorch.attention.dot_product_attention.utils",
+                 environment.unfused_attention_only)
+
+
+# Launch flags that cannot run on a CPU, each with why and what to rehearse with instead
+# (docs/guard.md lists them). Read from Megatron's parsed arguments (`args.<dest>`).
+REFUSED_ON_CPU: tuple[tuple[str, str, Any, str], ...] = (
+    ("cuda_graph_impl", "--cuda-graph-impl", lambda v: v not in (None, "none"),
+     "CUDA graph capture needs a GPU; rehearse with --cuda-graph-impl none (the modules a "
+     "graph replays are not observed on a GPU either: docs/guard.md)"),
+    ("optimizer_cuda_graph", "--optimizer-cuda-graph", bool,
+     "CUDA graph capture needs a GPU; rehearse without it"),
+    ("tp_comm_overlap", "--tp-comm-overlap", bool,
+     "TE's userbuffers communication overlap needs CUDA; rehearse without it"),
+)
+
+
+# Launch flags that run differently under --cpu, with what runs instead.
+REPLACED_ON_CPU: tuple[tuple[str, str, Any, str], ...] = (
+    ("attention_backend", "--attention-backend",
+     lambda v: getattr(v, "name", v) in ("flash", "fused"),
+     "TE's unfused attention runs instead (flash and cuDNN fused attention are GPU kernels; "
+     "core attention has no linear module, so the verdict is the same)"),
+)
+
+
+def refusals(args: Any) -> list[str]:
+    """One line per flag of the parsed launch that cannot run, or runs otherwise, under
+    --cpu."""
+    lines = []
+    for table, verb in ((REFUSED_ON_CPU, "cannot run under --cpu: "),
+                        (REPLACED_ON_CPU, "under --cpu: ")):
+        for dest, flag, applies, why in table:
+            value = getattr(args, dest, None)
+            if value is not None and applies(value):
+                shown = getattr(value, "name", value)
+                named = flag if isinstance(shown, bool) else f"{flag} {shown}"
+                lines.append(f"{named} {verb}{why}")
+    return lines
+
+
+def _name_cpu_refusals(module: Any) -> None:
+    """Wrap Megatron's `validate_args` (megatron/training/arguments.py, called by
+    `parse_and_validate_args` before initialisation): rank 0 prints, before anything is
+    built or trained, one line per flag that cannot run on this CPU."""
+    validate = getattr(module, "validate_args", None)
+    if validate is None or getattr(validate, "__qaudit_guard__", False):
+        return
+
+    def validate_args(args: Any, *rest: Any, **kwargs: Any) -> Any:
+        result = validate(args, *rest, **kwargs)
+        if int(getattr(args, "rank", 0) or 0) == 0:
+            from qaudit.errors import printable
+
+            for line in refusals(args):
+                print(f"qaudit guard: {printable(line)}", file=sys.stderr, flush=True)
+        return result
+
+    validate_args.__qaudit_guard__ = True
+    validate_args.__wrapped__ = validate
+    module.validate_args = validate_args
 
 
 @contextlib.contextmanager

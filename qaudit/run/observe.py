@@ -78,9 +78,12 @@ class StrayWrite:
 
 @dataclass
 class _Buffer:
-    owner: str
+    owner: str  # the module whose own weight it is (or the first call that used it)
     writes: int = 0  # writes since the step's zeroing (or the last drain)
     zeroed: bool = False  # zeroed at the step's start: its contents say whether it was written
+    # Every watched module whose calls write it: its owner, and any module handed the weight
+    # (a tied output layer writes the embedding's buffer).
+    writers: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -195,6 +198,7 @@ class LiveObserver:
         self._chunks: list[torch.nn.Module] = []
         self._modules: dict[str, torch.nn.Module] = {}
         self._buffers: dict[int, _Buffer] = {}
+        self._zeroed = False
         self._armed: dict[str, deque[CallRecord]] = defaultdict(deque)
         self._calls: dict[tuple[str, int, int], int] = defaultdict(int)
         self._backwards: dict[tuple[str, int, int], int] = defaultdict(int)
@@ -249,9 +253,9 @@ class LiveObserver:
         if isinstance(buffer, torch.Tensor) and buffer.numel():
             entry = self._buffers.get(buffer.data_ptr())
             if entry is None:
-                self._buffers[buffer.data_ptr()] = _Buffer(row, zeroed=zeroed)
-            else:
-                entry.owner = row
+                entry = self._buffers[buffer.data_ptr()] = _Buffer(row, zeroed=zeroed)
+            if row not in entry.writers:
+                entry.writers.append(row)
 
     # -- step and microbatch -----------------------------------------------------------
 
@@ -262,6 +266,7 @@ class LiveObserver:
         self.seen.steps = self.step + 1
         self.microbatch = 0
         self._armed.clear()
+        self._zeroed = zeroed
         self._index_buffers(zeroed)
 
     def start_microbatch(self, microbatch: int, drained: bool = False) -> None:
@@ -289,16 +294,19 @@ class LiveObserver:
         return record
 
     def armed_output(self, out: Any, record: CallRecord, module: torch.nn.Module,
-                     fused: bool) -> Any:
+                     fused: bool, weights: list[torch.Tensor] | None = None) -> Any:
         """`out` with an identity whose backward runs just before the module's own: a fused
         module's next write is this call's; an unfused one's weight gradient goes to autograd
-        (Megatron's DDP then adds it into main_grad)."""
+        (Megatron's DDP then adds it into main_grad). `weights`: the weights this call used,
+        where they are not the module's own (a tied output layer is handed the embedding's)."""
         tensor = out[0] if isinstance(out, tuple) else out
         if not isinstance(tensor, torch.Tensor) or not record.grad or not tensor.requires_grad:
             return out
 
+        used = weights_of(module) if weights is None else weights
+
         def arm() -> None:
-            weights = [w for w in weights_of(module) if w.requires_grad]
+            weights = [w for w in used if w.requires_grad]
             if not weights:
                 return
             if fused:
@@ -337,15 +345,19 @@ class LiveObserver:
                  contents_before: bool) -> CallRecord | None:
         """One GEMM wrote `watched` buffers (a grouped GEMM writes one per expert)."""
         decision = "accumulate" if accumulate else "overwrite"
-        owner = watched[0][1].owner
+        first = watched[0][1]
+        owner = first.owner
         lossy = not accumulate and (contents_before or any(e.writes for _, e in watched))
         for _, entry in watched:
             entry.writes += 1
-        queue = self._armed.get(owner)
-        if queue:
-            record = queue.popleft()
-            self._decide(record, decision, lossy)
-            return record
+        # The call whose backward is running among the modules that write this buffer (a
+        # buffer shared by tied weights has several).
+        for writer in first.writers or [owner]:
+            queue = self._armed.get(writer)
+            if queue:
+                record = queue.popleft()
+                self._decide(record, decision, lossy)
+                return record
         self.seen.strays.append(StrayWrite(module=owner, step=self.step,
                                            microbatch=self.microbatch, decision=decision,
                                            lossy=lossy))
@@ -395,7 +407,8 @@ class LiveObserver:
             expected = prior + own if accumulate else own
             scale = max(float(own.norm()), 1e-30)
             self.seen.numeric.append(NumericCheck(
-                module=entry.owner, step=self.step, microbatch=self.microbatch,
+                module=record.module if record is not None else entry.owner, step=self.step,
+                microbatch=self.microbatch,
                 call=record.call if record is not None else None,
                 decision="accumulate" if accumulate else "overwrite",
                 before=float(prior.norm()), own=float(own.norm()), after=float(after.norm()),
@@ -436,18 +449,21 @@ class LiveObserver:
             def before(module: torch.nn.Module, args: Any, kwargs: Any, row: str = row) -> None:
                 if not observer.recording:
                     return
-                # The output layer may be handed the embedding's weight (tied embeddings).
+                # The output layer may be handed the embedding's weight (tied embeddings, and
+                # MTP's depths sharing the output layer): its write goes to that buffer.
                 weight = kwargs.get("weight")
+                weights = None
                 if isinstance(weight, torch.Tensor):
-                    observer._register(weight, row, zeroed=False)
-                module._qaudit_record = observer.on_call(row, None, module, None)
+                    observer._register(weight, row, zeroed=observer._zeroed)
+                    weights = [weight]
+                module._qaudit_record = (observer.on_call(row, None, module, None), weights)
 
             def after(module: torch.nn.Module, args: Any, kwargs: Any, out: Any) -> Any:
-                record = module.__dict__.pop("_qaudit_record", None)
+                record, weights = module.__dict__.pop("_qaudit_record", (None, None))
                 if record is None:
                     return out
                 fused = bool(getattr(module, "gradient_accumulation_fusion", False))
-                return observer.armed_output(out, record, module, fused)
+                return observer.armed_output(out, record, module, fused, weights)
 
             handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
             handles.append(module.register_forward_hook(after, with_kwargs=True))

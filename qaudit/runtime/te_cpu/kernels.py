@@ -31,7 +31,7 @@ import enum
 import functools
 import math
 import types
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -636,4 +636,20 @@ def build(with_max512_backend: bool) -> types.ModuleType:
     module.Float8BlockScaleTensorFormat = Float8BlockScaleTensorFormat
     module.FP8TensorMeta = FP8TensorMeta
     module.NVTE_Fused_Attn_Backend = _fused_attn_backend(with_max512_backend)
+    module.get_fused_attn_backend = _no_fused_attention(module.NVTE_Fused_Attn_Backend)
     return module
+
+
+def _no_fused_attention(backends: type) -> Callable[..., Any]:
+    """cuDNN's fused attention does not exist on a CPU: asked for a backend (BF16/FP16 inputs;
+    FP32 is refused before asking), the answer is none, and TE runs its unfused PyTorch
+    attention. TE 2.20 passes one FusedAttentionParams and takes (backend, reason); earlier
+    releases pass the fields and take the backend."""
+
+    def get_fused_attn_backend(*args: Any, **kwargs: Any) -> Any:
+        none = backends.NVTE_No_Backend
+        if len(args) + len(kwargs) == 1:
+            return none, "no fused attention on the qaudit CPU stand-in"
+        return none
+
+    return get_fused_attn_backend
