@@ -96,3 +96,27 @@ def apply(fix: str, path: Path, overrides: tuple[str, ...] = ()) -> tuple[str, .
         raise NotApplicable(f"cannot be applied as printed: {remedy!r}")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return overrides
+
+
+def apply_snippet(snippet: str, path: Path, bridge: bool,
+                  overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """Apply --suggest's `change:` text: a YAML key (under `model:` when it says so), a
+    launch-script or MODEL_ARGS edit (a `# ` sentence, as the fix line words it), or for a
+    Bridge dump the override argument it names."""
+    lines = snippet.splitlines()
+    if bridge:
+        m = re.search(r"# or the override argument: (\S+)$", snippet)
+        if not m:
+            raise NotApplicable(f"no override argument in {snippet!r}")
+        return (*overrides, m[1])
+    if lines[0].startswith("# needs a"):
+        raise NotApplicable(f"needs a code change: {snippet!r}")
+    if lines[0].startswith("# "):
+        return apply(lines[0][2:] + " (", path, overrides)
+    if lines[0] == "model:" and len(lines) == 2:
+        key, value = lines[1].strip().split(": ", 1)
+        return apply(f"set {key}: {value} under model: (", path, overrides)
+    if len(lines) == 1 and ": " in lines[0]:
+        key, value = lines[0].split(": ", 1)
+        return apply(f"set {key}: {value} (", path, overrides)
+    raise NotApplicable(f"cannot be applied as printed: {snippet!r}")

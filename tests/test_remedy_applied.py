@@ -14,7 +14,7 @@ import pytest
 from qaudit.commands.check import audit_files
 from qaudit.run.options import AuditOptions
 
-from remedy_apply import apply, first_remedy
+from remedy_apply import apply, apply_snippet, first_remedy
 
 REPO = Path(__file__).resolve().parents[1]
 import os
@@ -66,6 +66,33 @@ def test_first_remedy_applied_as_printed_clears_qa001_on_bundled_config(name, tm
         return folder / f"{name}.yaml"
 
     assert _applied_clears(copy_of, FAST) >= 1
+
+
+@pytest.mark.parametrize("name", FAILING_BUNDLED)
+def test_every_format_prints_the_same_first_remedy(name):
+    """table, markdown, github and SARIF (the goldens, which tests/test_formats.py keeps equal
+    to the CLI) all carry the fix text the test above applied."""
+    report = audit_files(str(REPO / "configs" / f"{name}.yaml"), None, FAST)
+    for fix in _fixes(report):
+        first = first_remedy(fix)
+        for suffix in (".md", ".github", ".sarif", ".json"):
+            text = (REPO / "tests" / "golden" / f"{name}{suffix}").read_text()
+            assert first in text, (suffix, first)
+        table = " ".join((REPO / "tests" / "golden" / f"{name}.txt").read_text().split())
+        assert f"fix: {first}" in table
+
+
+@pytest.mark.parametrize("name", FAILING_BUNDLED)
+def test_first_passing_suggestion_applied_as_printed_passes(name, tmp_path):
+    report = audit_files(str(REPO / "configs" / f"{name}.yaml"), None, FAST, suggest=True)
+    first = report.suggestions[0]
+    assert first["passes"]
+    folder = tmp_path / "configs"
+    shutil.copytree(REPO / "configs", folder)
+    path = folder / f"{name}.yaml"
+    overrides = apply_snippet(first["yaml"], path, name.startswith("bridge-"))
+    fixed = audit_files(str(path), None, replace(FAST, overrides=overrides))
+    assert not [f for f in fixed.findings if f.severity == "error"], first["remedy"]
 
 
 def test_every_failing_bundled_config_is_covered():
