@@ -11,7 +11,7 @@ this order, so the two never disagree on which remedy comes first. The order:
 
 The common unit is the extra memory traffic a remedy adds per microbatch, in GiB, at the
 config's real widths before any sharding: an estimate from the bytes each element is read or
-written (docs/usage.md, "Remedies and their prices"), not a measurement. A cost paid once per
+written (docs/evidence.md, "QA001's fix line"), not a measurement. A cost paid once per
 optimizer step counts in full, so it is an upper bound on its per-microbatch share. Ties keep
 the order the remedies were offered in.
 """
@@ -19,13 +19,15 @@ the order the remedies were offered in.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Iterable
 
+from qaudit.judge.remedy_syntax import (CONFIG_FROM_FLAGS, flag_for, python_value, route,
+                                        snippet, written)
 from qaudit.load.config import ModelConfig
-from qaudit.load.sources.megatron_flags import modelled_flags
 from qaudit.plan.sizes import model_params, mtp_depth_params
+
+__all__ = ["Remedy", "cheapest_first", "fix_line", "needs_code_change", "route", "snippet",
+           "written"]
 
 # bf16 weight + fp32 main_grad + fp32 master weight + two fp32 Adam moments.
 TRAINING_BYTES_PER_PARAM = 2 + 4 + 4 + 8
@@ -35,15 +37,10 @@ REQUANTIZE_BYTES = 2 + 1 + 1
 # Unfused accumulation: the wgrad GEMM writes a bf16 .grad (2) that the hook reads back (2)
 # before adding it to main_grad, which the fused GEMM does in place.
 UNFUSED_BYTES = 2 + 2
-# Where Megatron-LM builds the TransformerConfig from its flags: a field with no flag is set
-# there (or in the model provider of the entry point).
-CONFIG_FROM_FLAGS = ("core_transformer_config_from_args (megatron/training/argument_utils.py) "
-                     "or your entry point's model provider")
 
-# Cost ranks, cheapest first. PRICED remedies sort among themselves by `price`.
+# Cost ranks, cheapest first. PRICED remedies sort among themselves by `price`; SPEED and
+# PRECISION are costs with no figure in that unit here, after the priced ones.
 FREE, UPGRADE, PRICED, SPEED, PRECISION = range(5)
-# Kept for callers that name the old ranks.
-MEMORY = PARAMETERS = PRICED
 
 
 @dataclass(frozen=True)
@@ -63,7 +60,7 @@ def needs_code_change(config: ModelConfig | None, remedy: Remedy) -> bool:
     if remedy.setting is None:
         return True
     return config is not None and route(config) == "flags" \
-        and _flag_for(*remedy.setting) is None
+        and flag_for(*remedy.setting) is None
 
 
 def _order_key(config: ModelConfig | None, remedy: Remedy) -> tuple:
@@ -226,171 +223,8 @@ def fix_line(config: ModelConfig, remedies: Iterable[Remedy]) -> str:
         elif needs_code_change(config, remedy):
             key, value = remedy.setting
             parts.append(f"needs a code change: no Megatron-LM flag sets {key}; set it to "
-                         f"{_python_value(value)} on the TransformerConfig in "
+                         f"{python_value(value)} on the TransformerConfig in "
                          f"{CONFIG_FROM_FLAGS} ({remedy.why}; {remedy.short})")
         else:
             parts.append(f"{written(config, *remedy.setting)} ({remedy.why}; {remedy.short})")
     return "; or ".join(parts)
-
-
-# --- the input's own syntax and place --------------------------------------------------------
-
-def route(config: ModelConfig) -> str:
-    """How the user wrote the config: `bridge` (a ConfigContainer and its overrides), `flags`
-    (a launch script or MODEL_ARGS file: Megatron's argv) or `yaml` (a TransformerConfig YAML)."""
-    source = config.source
-    if source is not None and source.origin == "bridge":
-        return "bridge"
-    if source is not None and source.argv is not None:
-        return "flags"
-    return "yaml"
-
-
-def _yaml_value(value: Any) -> str:
-    if value is None or isinstance(value, bool):
-        return {True: "true", False: "false", None: "null"}[value]
-    return str(value)
-
-
-def _python_value(value: Any) -> str:
-    return repr(value)
-
-
-# ConfigContainer sections holding a field other than `model` (qaudit/load/bridge/container.py).
-_BRIDGE_SECTION = {"data_parallel_sharding_strategy": "ddp"}
-
-
-@lru_cache(maxsize=32)
-def _lines(path: str) -> tuple[str, ...]:
-    try:
-        return tuple(Path(path).read_text(encoding="utf-8", errors="replace").splitlines())
-    except OSError:
-        return ()
-
-
-def _under_model(config: ModelConfig) -> bool:
-    """Whether a TransformerConfig YAML nests its fields under `model:` (the loader's only
-    nesting): the first field's line is indented, or is the `model:` line itself (flow style)."""
-    source = config.source
-    if source is None or not source.mapping.key_lines:
-        return False
-    lines = _lines(str(source.path))
-    first = min(source.mapping.key_lines.values())
-    if not 0 < first <= len(lines):
-        return False
-    text = lines[first - 1]
-    return text[:1].isspace() or text.lstrip().startswith("model:")
-
-
-def _flag_for(key: str, value: Any) -> tuple[str, str] | None:
-    """("pass", flag) for a switch storing `value`, ("pass", flag + value) for a valued flag,
-    ("drop", flag) where only the opposite switch exists, None where no flag sets `key`."""
-    switches = {}
-    for flag, spec in modelled_flags().items():
-        if spec.field != key:
-            continue
-        if spec.convert is None:
-            switches.setdefault(spec.value, flag)
-        else:
-            return "value", flag
-    if value in switches:
-        return "pass", switches[value]
-    if switches:
-        return "drop", next(iter(switches.values()))
-    return None
-
-
-def _word_of(config: ModelConfig, flag: str):
-    """The argv word that passes `flag`, where the file's line holds it literally."""
-    source = config.source
-    lines = _lines(str(source.path))
-    for word in source.argv or ():
-        text = getattr(word, "text", "")
-        line = getattr(word, "line", None)
-        if (text == flag or text.startswith(flag + "=")) and line and 0 < line <= len(lines) \
-                and flag in lines[line - 1]:
-            return word
-    return None
-
-
-def _anchor(config: ModelConfig):
-    """The first flag of the command that the file's own line holds: a new flag goes before
-    it, where the shell and argparse take it as one more argument."""
-    source = config.source
-    lines = _lines(str(source.path))
-    for word in source.argv or ():
-        text = getattr(word, "text", "")
-        line = getattr(word, "line", None)
-        if text.startswith("--") and "=" not in text and line and 0 < line <= len(lines) \
-                and text in lines[line - 1].split():
-            return word
-    return None
-
-
-def _model_args(config: ModelConfig) -> bool:
-    return config.source is not None and config.source.path.suffix in (".yaml", ".yml")
-
-
-def _flag(config: ModelConfig, key: str, value: Any) -> str:
-    """The launch-script or MODEL_ARGS edit that sets `key` to `value`, and where."""
-    how = _flag_for(key, value)
-    if how is None:
-        return (f"no Megatron-LM flag sets {key}: set {key}={_python_value(value)} on the "
-                f"TransformerConfig in {CONFIG_FROM_FLAGS}")
-    kind, flag = how
-    present = _word_of(config, flag)
-    if _model_args(config):
-        if kind == "drop":
-            where = f" at line {present.line}" if present else ""
-            return f"remove {flag} from MODEL_ARGS{where}"
-        entry = f"{flag}: {_yaml_value(value) if kind == 'value' else 'true'}"
-        if present is not None:
-            return f"set {entry} in MODEL_ARGS at line {present.line}"
-        return f"add {entry} to MODEL_ARGS"
-    if kind == "drop":
-        where = f" at line {present.line}" if present else ""
-        return f"remove {flag} from the launch command{where}"
-    words = f"{flag} {value}" if kind == "value" else flag
-    if kind == "value" and present is not None:
-        return f"change {flag}'s value to {value} at line {present.line}"
-    anchor = _anchor(config)
-    if anchor is None:
-        return f"add {words} to the launch command"
-    return f"add {words} before {anchor.text} at line {anchor.line}"
-
-
-def _override(config: ModelConfig, key: str, value: Any) -> str:
-    """A Bridge `a.b=c` argument. Hydra refuses to set a key the file lacks without a prefix
-    (a trimmed dump may lack one); `++` sets or adds, so it works either way."""
-    file, line = config.where(key)
-    present = line is not None or file != config.file
-    prefix = "" if present else "++"
-    return f"{prefix}{_BRIDGE_SECTION.get(key, 'model')}.{key}={_yaml_value(value)}"
-
-
-def written(config: ModelConfig, key: str, value: Any) -> str:
-    """`key` set to `value`, as the user would write it in this config's input and where."""
-    kind = route(config)
-    if kind == "bridge":
-        return _override(config, key, value)
-    if kind == "flags":
-        return _flag(config, key, value)
-    place = " under model:" if _under_model(config) else ""
-    return f"set {key}: {_yaml_value(value)}{place}"
-
-
-def snippet(config: ModelConfig, key: str, value: Any) -> str:
-    """What to paste for `--suggest`: a YAML key (under `model:` where the file nests), a
-    launch-script or MODEL_ARGS edit, or a Bridge override file section and the equivalent
-    `model.x=y` argument."""
-    kind = route(config)
-    if kind == "bridge":
-        section = _BRIDGE_SECTION.get(key, "model")
-        return (f"{section}:\n  {key}: {_yaml_value(value)}\n"
-                f"# or the override argument: {_override(config, key, value)}")
-    if kind == "flags":
-        prefix = "# needs a code change: " if _flag_for(key, value) is None else "# "
-        return prefix + _flag(config, key, value)
-    if _under_model(config):
-        return f"model:\n  {key}: {_yaml_value(value)}"
-    return f"{key}: {_yaml_value(value)}"
