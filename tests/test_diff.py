@@ -164,6 +164,9 @@ def test_header_shows_both_sides_where_they_differ():
     assert any(line.startswith("megatron (base): megatron-core 0.19.2") for line in lines)
     assert any(line.startswith("megatron (head): Megatron-LM main") for line in lines)
     assert any(line.startswith("te: Transformer Engine 2.20.2") for line in lines)  # agrees
+    data = json.loads(render_diff(diff_reports(base, head), 0, "json"))
+    assert data["base"]["policy"] == "legacy" and data["head"]["policy"] == "config"
+    assert data["base"]["te"] == data["head"]["te"] == base.te
     markdown = render_diff(diff_reports(base, head), 0, "markdown")
     assert "- policy (base): legacy" in markdown and "- policy (head): config" in markdown
 

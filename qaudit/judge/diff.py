@@ -139,6 +139,7 @@ class ReportDiff:
             return {"config": report.config, "recipe": report.recipe, "runtime": report.runtime,
                     "policy": report.policy,
                     **({"megatron": report.megatron} if report.megatron else {}),
+                    **({"te": report.te} if report.te else {}),
                     "steps": report.steps,
                     "microbatches": report.microbatches,
                     "summary": {s: counts.get(s, 0) for s in SEVERITIES}}
