@@ -282,6 +282,8 @@ def _check(config: str, recipe: str | None, options: AuditOptions, set_values: l
     report = baselines.apply(report)
     code = report.exit_code(fail_on.value)
     if speaks:
+        for line in baselines.unmatched:
+            typer.echo(printable(line), err=True)
         try:
             # The config's own quant_recipe is known only now.
             check_clashes(written, inputs + ([("recipe", report.recipe)] if report.recipe else []))

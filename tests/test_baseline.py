@@ -217,3 +217,44 @@ def test_write_baseline_subprocess_is_stable(tmp_path):
         assert result.returncode == 1, result.stderr
     assert first.read_bytes() == second.read_bytes()
     assert str(tmp_path) not in first.read_text()
+
+
+def test_a_copy_a_rename_or_another_directory_matches_by_what_the_config_is(tmp_path):
+    """A baseline silently matched nothing for a renamed or copied config (issue 45)."""
+    mtp, deepseek = golden("gpt-mtp-bf16"), golden("deepseek-v3-mtp-fp8")
+    path = tmp_path / "b.json"
+    path.write_text(baseline_text(mtp))
+    assert json.loads(path.read_text())["configs"][0]["identity"].startswith("sha256:")
+    baseline = load_baseline(str(path))
+    for where in ("configs/renamed.yaml", "/elsewhere/copy.yaml", "../other/gpt-mtp-bf16.yaml"):
+        moved = replace(mtp, config=where)
+        assert apply_baseline(moved, baseline.accepted(moved)).findings == [], where
+    # What it is decides: another model under the copy's name is not matched.
+    other = replace(deepseek, config="configs/renamed.yaml")
+    assert baseline.entries_for(other) == [] and not baseline.accepted(other)
+
+
+def test_cli_says_in_one_line_when_a_baseline_has_no_entry_for_the_config(tmp_path,
+                                                                           monkeypatch, capsys):
+    shutil_copy = (REPO / "configs" / "gpt-mtp-bf16.yaml").read_text()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "model.yaml").write_text(shutil_copy)
+    baseline = tmp_path / "baseline.json"
+    monkeypatch.chdir(tmp_path / "a")
+    code, _, _ = run_in_process(monkeypatch, capsys, "check", "model.yaml",
+                                "--write-baseline", str(baseline))
+    assert code == 1
+    # Renamed, and run from another working directory: still its baseline.
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "renamed.yaml").write_text(shutil_copy)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_in_process(monkeypatch, capsys, "check", "b/renamed.yaml",
+                                    "--baseline", str(baseline))
+    assert code == 0 and "suppressed" in out and "no entry" not in err
+    # Another config: one line says the baseline has no entry for it.
+    code, out, err = run_in_process(monkeypatch, capsys, "check",
+                                    str(REPO / "configs" / "deepseek-v3-mtp-fp8.yaml"),
+                                    "--baseline", str(baseline))
+    lines = [line for line in err.splitlines() if "no entry" in line]
+    assert code == 1 and len(lines) == 1
+    assert lines[0].startswith(f"note: baseline {baseline} has no entry for ")

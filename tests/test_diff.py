@@ -119,7 +119,56 @@ def test_a_severity_change_is_reported_and_fails_at_its_level():
     assert [c.changes for c in result.changed] == [{"severity": ("warning", "error")}] * 5
     assert result.exit_code("error") == 1
     calmer = diff_reports(erred, warned)
-    assert calmer.exit_code("error") == 0 and calmer.exit_code("warning") == 1
+    # Milder is an improvement, whatever --fail-on says (issue 45).
+    assert calmer.exit_code("error") == 0 and calmer.exit_code("warning") == 0
+    assert [c.changes for c in calmer.changed] == [{"severity": ("error", "warning")}] * 5
+
+
+def test_a_narrowed_scope_is_an_improvement_and_exits_0():
+    """Every step -> the first step only was exit 1 like a regression (issue 45)."""
+    result = diff_reports(golden("gpt-mtp-fp8-mtp-bf16"), golden("gpt-mtp-bf16"))
+    qa001 = [c for c in result.changed if c.head.rule == "QA001"]
+    assert len(qa001) == 5 and all(not c.worse for c in qa001)
+    assert [f for f in result.new if f.severity == "error"] == []
+    assert result.exit_code() == 0
+    text = render_diff(result, 0, "table")
+    assert "changed findings (5):" in text  # still shown
+
+
+@pytest.mark.parametrize("base,head,wider", [
+    ("on microbatch 0 of the first step only", "on microbatch 0 of every step", True),
+    ("on microbatch 0 of every step", "on microbatch 0 of the first step only", False),
+    ("on microbatch 0 of step(s) 0", "on microbatch 0, 1 of step(s) 0", True),
+    ("on microbatch 0, 1 of step(s) 0", "on microbatch 0 of step(s) 0", False),
+    ("on microbatch 0 of step(s) 0, 1", "on microbatch 0 of every step", True),
+    (None, "on microbatch 0 of every step", True),
+    ("on microbatch 0 of every step", None, False)])
+def test_scope_widening(base, head, wider):
+    from qaudit.judge.diff import widened
+
+    assert widened(base, head) is wider
+
+
+def test_header_shows_both_sides_where_they_differ():
+    from dataclasses import replace
+
+    base = golden("gpt-mtp-bf16")
+    head = replace(base, policy="config", runtime="te (CPU stand-in)",
+                   megatron=dict(base.megatron, label="Megatron-LM main", version="main",
+                                 source="named", note=None, policy="config"))
+    text = render_diff(diff_reports(base, head), 0, "table")
+    lines = text.splitlines()
+    assert "runtime (base): reference (CPU)" in lines
+    assert "runtime (head): te (CPU stand-in)" in lines
+    assert "policy (base): legacy" in lines and "policy (head): config" in lines
+    assert any(line.startswith("megatron (base): megatron-core 0.19.2") for line in lines)
+    assert any(line.startswith("megatron (head): Megatron-LM main") for line in lines)
+    assert any(line.startswith("te: Transformer Engine 2.20.2") for line in lines)  # agrees
+    data = json.loads(render_diff(diff_reports(base, head), 0, "json"))
+    assert data["base"]["policy"] == "legacy" and data["head"]["policy"] == "config"
+    assert data["base"]["te"] == data["head"]["te"] == base.te
+    markdown = render_diff(diff_reports(base, head), 0, "markdown")
+    assert "- policy (base): legacy" in markdown and "- policy (head): config" in markdown
 
 
 def test_diff_collapses_module_rows_as_check_does():

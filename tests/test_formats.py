@@ -230,9 +230,14 @@ def test_paths_are_repository_relative(tmp_path, monkeypatch):
 
 def test_github_format_lines():
     lines = (GOLDEN / f"{FAILING}.github").read_text().splitlines()
+    # One annotation per finding group, as the table's verdict groups them (issue 45): the
+    # five MTP modules of one repeated layer are one annotation that lists them.
+    assert len(lines) == 2
     assert lines[0].startswith(
-        "::error file=configs/gpt-mtp-fp8-mtp-bf16.yaml,line=9,title=QA001::mtp.layers.0.eh_proj: ")
-    assert all(line.startswith("::error ") for line in lines[:-1])
+        "::error file=configs/gpt-mtp-fp8-mtp-bf16.yaml,line=9,title=QA001::5 modules: called 2x")
+    assert "%0Amodules: mtp.layers.0.eh_proj, mtp.layers.0.mtp_model_layer.self_attention." \
+        "linear_qkv, " in lines[0]
+    assert lines[0].count("%0Afix: ") == 1
     assert lines[-1] == "qaudit: 5 error(s), 0 warning(s)   exit 1"
     report = Report(runtime="r", policy="config", config="c.yaml", recipe=None, steps=1,
                     microbatches=1, findings=[
@@ -264,7 +269,11 @@ def test_github_info_notes_are_one_notice_unless_show_info():
     assert "384 info note(s) (QA091 x128, QA003 x256)" in notices[0]
     assert "--show-info" in notices[0]
     shown = render(report, 1, "github", show_info=True).splitlines()
-    assert sum(line.startswith("::notice") for line in shown) == 384
+    # Each note group is one annotation listing its modules, as the table groups them.
+    notices = [line for line in shown if line.startswith("::notice")]
+    assert len(notices) == 2
+    assert notices[0].startswith("::notice file=c.yaml,title=QA091::128 modules: n%0Amodules: m0, m3,")
+    assert notices[1].startswith("::notice file=c.yaml,title=QA003::256 modules: n%0Amodules: m1, m2,")
     assert not any("qaudit info" in line for line in shown)
     clean = Report(runtime="r", policy="config", config="c.yaml", recipe=None, steps=1,
                    microbatches=1, findings=[])
@@ -300,7 +309,7 @@ def test_github_actions_end_to_end(tmp_path, monkeypatch, capsys, fake_audit):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     code, out, err = run_in_process(monkeypatch, capsys, "check", f"configs/{FAILING}.yaml")
     assert code == 1 and out == (GOLDEN / f"{FAILING}.txt").read_text()
-    assert err.count("::error file=configs/gpt-mtp-fp8-mtp-bf16.yaml") == 5
+    assert err.count("::error file=configs/gpt-mtp-fp8-mtp-bf16.yaml") == 1  # one group
     assert summary.read_text().startswith("\u274c **qaudit `configs/gpt-mtp-fp8-mtp-bf16.yaml`")
 
 

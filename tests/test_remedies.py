@@ -1,8 +1,10 @@
-"""QA001's fix line: remedies cheapest first (the pricing --suggest uses), written in the input's
-own syntax, one test per input route (issue 39, item 1)."""
+"""QA001's fix line: remedies the input can say first, cheapest first (the pricing --suggest
+uses), written in the input's own syntax and place, one test per input route (issue 39, item
+1; issue 45, items 1 and 2)."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -45,20 +47,49 @@ def test_yaml_route_lists_the_free_remedy_first_in_suggest_order():
     assert _in_order(fix, [f"set {key}:" for key in _suggested_settings(report)])
     assert fix.index("set gradient_accumulation_fusion: false") \
         < fix.index("set mtp_use_repeated_layer: false")
-    free = [s for s in report.suggestions if s["cost"].startswith("none")]
-    assert report.suggestions[:len(free)] == free  # --suggest too: the free ones first
+    passing = [s for s in report.suggestions if s["passes"]]
+    assert report.suggestions[:len(passing)] == passing  # --suggest: those that pass first
+    writable = [s for s in passing if not s["yaml"].startswith("#")]
+    assert passing[:len(writable)] == writable  # then those the input can say
+    free = [s for s in writable if s["cost"].startswith("none")]
+    assert writable[:len(free)] == free  # and among them the free ones first
     by_remedy = {s["remedy"]: s for s in report.suggestions}
     assert by_remedy["no weight caching"]["yaml"] == "disable_parameter_transpose_cache: true"
     assert by_remedy["no weight caching"]["passes"] is True
 
 
-def test_quantized_config_prices_the_weight_cache_as_speed():
+def _gib(text: str) -> float:
+    number, unit = re.search(r"costs (?:\+[\d.]+ [MB] parameters, [\d.,]+ GiB held, )?"
+                             r"([\d.,]+) (GiB|MiB) more traffic", text).groups()
+    return float(number.replace(",", "")) / (1024 if unit == "MiB" else 1)
+
+
+def test_quantized_config_prices_every_remedy_in_one_unit_and_orders_by_price():
     report = audit_files(str(REPO / "configs" / "deepseek-v3-mtp-fp8.yaml"), None, FAST,
                          suggest=True)
     fix = _qa001_fix(report)
-    assert "set disable_parameter_transpose_cache: true" in fix
-    assert "costs speed" in fix and "no cost here" not in fix
+    parts = fix.split("; or ")
+    # Nested YAML: each says where it goes.
+    assert all(part.split(" (")[0].endswith("under model:") for part in parts), parts
+    assert "set disable_parameter_transpose_cache: true under model:" in fix
+    assert "no cost here" not in fix and "every call re-quantizes" not in fix
+    prices = [_gib(part) for part in parts]
+    assert prices == sorted(prices)
+    # The repeated layer's replacement is priced by the optimizer traffic of its parameters
+    # and comes first on DeepSeek-V3: re-quantizing or unfusing touches every weight.
+    assert parts[0].startswith("set mtp_use_repeated_layer: false under model:")
     assert _in_order(fix, [f"set {key}:" for key in _suggested_settings(report)])
+
+
+def test_primary_fp8_weights_have_no_weight_cache_to_lose(tmp_path):
+    text = (REPO / "configs" / "deepseek-v3-mtp-fp8.yaml").read_text()
+    config = tmp_path / "primary.yaml"
+    config.write_text(text.replace("  fp8: e4m3\n", "  fp8: e4m3\n  fp8_param: true\n"))
+    fix = _qa001_fix(audit_files(str(config), None, FAST))
+    first = fix.split("; or ")[0]
+    assert first.startswith("set disable_parameter_transpose_cache: true under model: (")
+    assert "no cost here: primary quantized weights have no cache" in first
+    assert "re-quantiz" not in fix
 
 
 def test_launch_script_route_writes_flags(tmp_path):
@@ -71,13 +102,22 @@ def test_launch_script_route_writes_flags(tmp_path):
         """))
     report = audit_files(str(script), None, FAST, suggest=True)
     fix = _qa001_fix(report)
-    assert "drop --mtp-use-repeated-layer (" in fix
-    assert "pass --no-gradient-accumulation-fusion (" in fix
-    # Megatron-LM has no flag for it: said so, not a made-up flag.
-    assert fix.startswith("no Megatron-LM flag sets disable_parameter_transpose_cache")
+    assert "remove --mtp-use-repeated-layer from the launch command at line 4 (" in fix
+    assert "add --no-gradient-accumulation-fusion before --num-layers at line 3 (" in fix
+    # Megatron-LM has no flag for it: said so, not a made-up flag, and listed after every
+    # remedy the script can say, marked as a code change with where.
+    parts = fix.split("; or ")
+    code = [i for i, part in enumerate(parts) if part.startswith("needs a")]
+    assert code and code == list(range(code[0], len(parts)))
+    assert any(part.startswith("needs a code change: no Megatron-LM flag sets "
+                               "disable_parameter_transpose_cache; set it to True on the "
+                               "TransformerConfig in core_transformer_config_from_args")
+               for part in parts)
     assert "set mtp_use_repeated_layer:" not in fix
     by_remedy = {s["remedy"]: s for s in report.suggestions}
-    assert by_remedy["one MTP layer per depth"]["yaml"] == "# drop --mtp-use-repeated-layer"
+    assert by_remedy["one MTP layer per depth"]["yaml"] \
+        == "# remove --mtp-use-repeated-layer from the launch command at line 4"
+    assert by_remedy["no weight caching"]["yaml"].startswith("# needs a code change: ")
 
 
 def test_bridge_route_writes_model_overrides_that_work():
@@ -114,9 +154,16 @@ def test_bridge_route_names_the_ddp_section_for_the_sharding_strategy():
         == "ddp.data_parallel_sharding_strategy=optim_grads"
 
 
-@pytest.mark.parametrize("ranked", [remedies.FREE, remedies.PARAMETERS])
+@pytest.mark.parametrize("ranked", [remedies.FREE, remedies.PRECISION])
 def test_cheapest_first_is_stable_and_by_rank(ranked):
-    make = lambda name, rank: remedies.Remedy(name, None, name, "", "", rank)  # noqa: E731
+    make = lambda name, rank: remedies.Remedy(name, ("k", 1), name, "", "", rank)  # noqa: E731
     items = [make("b", ranked), make("a", remedies.SPEED), make("c", ranked)]
     order = [r.name for r in remedies.cheapest_first(items)]
     assert order == (["b", "c", "a"] if ranked < remedies.SPEED else ["a", "b", "c"])
+
+
+def test_priced_remedies_sort_by_price_and_code_changes_last():
+    make = lambda name, price, setting=("k", 1): remedies.Remedy(  # noqa: E731
+        name, setting, name, "", "", remedies.PRICED, price)
+    items = [make("dear", 9.0), make("upgrade", None, None), make("cheap", 1.0)]
+    assert [r.name for r in remedies.cheapest_first(items)] == ["cheap", "dear", "upgrade"]

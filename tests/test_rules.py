@@ -252,8 +252,11 @@ def test_single_microbatch_tracked_module_is_overwrite_first_not_always(audit):
 
 @pytest.mark.parametrize("name", ["deepseek-v3-mtp-fp8", "gpt-mtp-bf16", "gpt-mtp-fp8-mtp-bf16"])
 def test_qa001_fix_lists_remedies_cheapest_on_this_config_first(repo_configs, name):
-    """Nothing-here first, then the Megatron that fixes it (where one does), then what costs
-    speed, memory, then extra parameters (qaudit/judge/remedies.py)."""
+    """What the input can say first: nothing-here, then priced in one unit (GiB of traffic),
+    cheapest first; the Megatron that fixes it (where one does) last, marked as a change of
+    Megatron (qaudit/judge/remedies.py)."""
+    import re
+
     from qaudit.commands.check import audit_files
     from qaudit.run.options import AuditOptions
 
@@ -261,18 +264,23 @@ def test_qa001_fix_lists_remedies_cheapest_on_this_config_first(repo_configs, na
                          AuditOptions(steps=1, microbatches=2))
     fixes = {f.fix for f in report.findings if f.rule == "QA001"}
     assert len(fixes) == 1
-    fix = fixes.pop()
-    cache = fix.index("set disable_parameter_transpose_cache: true")
-    unfused = fix.index("set gradient_accumulation_fusion: false")
-    assert unfused < fix.index("set mtp_use_repeated_layer: false")  # +params: the dearest
+    parts = fixes.pop().split("; or ")
     # The Megatron that fixes it: main (released code) or PR #7353 (open upstream, said so).
-    fixing = "upgrade to" if "upgrade to" in fix else "apply Megatron-LM PR #7353 (still open"
-    assert (fixing in fix) == (name != "deepseek-v3-mtp-fp8")  # no Megatron fixes FP8
-    # BF16 everywhere: passing None costs nothing, so it leads; with an FP8 module it costs
-    # speed, after the Megatron that fixes it.
-    if name == "gpt-mtp-bf16":
-        assert cache == 0 < fix.index(fixing) < unfused
-    elif fixing in fix:
-        assert fix.index(fixing) == 0 < cache < unfused
-    else:
-        assert cache == 0 and "costs speed" in fix
+    changes = [part for part in parts if part.startswith("needs a Megatron change: ")]
+    assert len(changes) == (name != "deepseek-v3-mtp-fp8")  # no Megatron fixes FP8
+    assert parts[len(parts) - len(changes):] == changes
+    writable = parts[:len(parts) - len(changes)]
+    assert {part.split(" ")[1].rstrip(":") for part in writable} == {
+        "disable_parameter_transpose_cache", "gradient_accumulation_fusion",
+        "mtp_use_repeated_layer"}
+
+    def price(part: str) -> float:
+        if "no cost here" in part:
+            return 0.0
+        number, unit = re.search(r"([\d.,]+) (GiB|MiB) more traffic", part).groups()
+        return float(number.replace(",", "")) / (1024 if unit == "MiB" else 1)
+
+    prices = [price(part) for part in writable]
+    assert prices == sorted(prices)
+    # BF16 everywhere: passing None costs nothing, so it leads; with FP8 modules it is priced.
+    assert ("no cost here" in writable[0]) == (name == "gpt-mtp-bf16")

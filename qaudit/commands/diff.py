@@ -39,7 +39,7 @@ def emit_diff(diff: ReportDiff, exit_code: int, fmt: str, outputs: list[tuple[st
                          for f, path in outputs])
     if os.environ.get("GITHUB_ACTIONS") == "true":
         emission.stderr = "".join(annotation(f) + "\n"
-                                  for f in diff.new + [c.head for c in diff.changed])
+                                  for f in diff.new + [c.head for c in diff.changed if c.worse])
         if os.environ.get("GITHUB_STEP_SUMMARY"):
             emission.step_summary = (os.environ["GITHUB_STEP_SUMMARY"],
                                      render_diff(diff, exit_code, "markdown", expand=expand))

@@ -71,6 +71,8 @@ def check_many(files: list[str], recipe: str | None, options: AuditOptions,
             items.append(Audited(path, EXIT_INTERNAL, error=str(exc)))
             continue
         report = baselines.apply(report)  # each config by its own entries only
+        while baselines.unmatched:
+            _say(baselines.unmatched.pop(0))
         items.append(Audited(path, report.exit_code(fail_on), report))
     emission = Emission(render_many(items, output_format, show_info),
                         [(out_path, render_many(items, fmt, show_info))

@@ -107,12 +107,14 @@ def suggest(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptio
                            _recipe_forcing_bf16(recipe, pattern, config.file or "recipe.yaml"),
                            replace(plain, policy="module")))
     any_quantized = any(row.precision not in ("bf16", "-") for row in report.modules)
-    candidates.append((remedies.no_weight_cache(any_quantized),
+    candidates.append((remedies.no_weight_cache(any_quantized, config),
                        replace(config, disable_parameter_transpose_cache=True), recipe, plain))
-    candidates.append((remedies.unfused_accumulation(),
+    candidates.append((remedies.unfused_accumulation(config),
                        replace(config, gradient_accumulation_fusion=False), recipe, plain))
-    # Cheapest first, as QA001's fix line lists them.
-    candidates.sort(key=lambda candidate: candidate[0].rank)
+    # In the fix line's order (writable, then cheapest first); re-audited, those that pass
+    # are listed first, the rest after them, marked with what remains.
+    order = remedies.cheapest_first([candidate[0] for candidate in candidates], config)
+    candidates.sort(key=lambda candidate: order.index(candidate[0]))
     results = []
     for remedy, new_config, new_recipe, new_options in candidates:
         errors = reaudit(new_config, new_recipe, new_options).counts().get("error", 0)
@@ -120,4 +122,4 @@ def suggest(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOptio
                                   passes=errors == 0, cost=remedy.cost,
                                   yaml=_paste(config, remedy, pattern),
                                   remaining_errors=errors))
-    return results
+    return sorted(results, key=lambda suggestion: not suggestion.passes)  # stable

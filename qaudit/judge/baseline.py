@@ -15,7 +15,11 @@ summary count only the new ones.
 Keyed by config: the file holds one entry per config (its repository-relative path and its
 model: the set of module names with layer indices masked, so that a changed layer count or
 precision keeps the baseline and another model at the same path does not), and a finding is
-accepted only by its own config's entry. A run over several configs (or a directory) reads
+accepted only by its own config's entry. A config whose path has no entry (a copy, a rename, a
+run from another directory) takes the entry whose `identity` is its own: a digest of the
+resolved model (every module's name, class, precision and recipe entry), what the config is
+rather than where it lies; a config matching no entry is said so in one line (`unmatched`),
+so a baseline never silently hides nothing. A run over several configs (or a directory) reads
 and writes one file holding every config's entries; writing keeps the entries of configs the
 run did not audit (a pre-commit run may audit fewer files). Files of schema
 `qaudit-baseline/1` (one config, no model) are still read, for their config only. A `# qaudit: ignore[QA010]` (or `# qaudit: ignore` for every
@@ -29,7 +33,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +94,15 @@ def model_key(report: Report) -> str:
     return "sha256:" + digest[:32]
 
 
+def identity_key(report: Report) -> str:
+    """What the config is: its resolved model, every module with its class, precision and
+    recipe entry, whatever its path (a copy or a rename has the same identity)."""
+    rows = sorted(f"{row.name}\x1f{row.type}\x1f{row.precision}\x1f{row.recipe}"
+                  for row in report.modules)
+    digest = hashlib.sha256("\n".join(rows).encode("utf-8", "surrogatepass")).hexdigest()
+    return "sha256:" + digest[:32]
+
+
 def _known(report: Report) -> list[Finding]:
     """Today's findings: reported and baselined, not those ignored by comments."""
     return list(report.findings) + [f for f in (report.suppressed or [])
@@ -103,12 +116,20 @@ class Baseline:
 
     configs: list[dict[str, Any]]
 
-    def accepted(self, report: Report) -> Counter:
+    def entries_for(self, report: Report) -> list[dict[str, Any]]:
+        """The config's entries: by path and model, else by identity (what it is)."""
         path, model = config_key(report), model_key(report)
+        by_path = [entry for entry in self.configs
+                   if entry["config"] == path and entry.get("model") in (model, None)]
+        if by_path:
+            return by_path
+        identity = identity_key(report)
+        return [entry for entry in self.configs if entry.get("identity") == identity][:1]
+
+    def accepted(self, report: Report) -> Counter:
         accepted: Counter = Counter()
-        for entry in self.configs:
-            if entry["config"] == path and entry.get("model") in (model, None):
-                accepted.update(f["fingerprint"] for f in entry["findings"])
+        for entry in self.entries_for(report):
+            accepted.update(f["fingerprint"] for f in entry["findings"])
         return accepted
 
 
@@ -119,7 +140,8 @@ def baseline_text(reports: Report | list[Report], kept: Baseline | None = None) 
     entries = {}
     for report in reports:
         entries[config_key(report)] = {
-            "config": config_key(report), "model": model_key(report), "recipe": report.recipe,
+            "config": config_key(report), "model": model_key(report),
+            "identity": identity_key(report), "recipe": report.recipe,
             "findings": baseline_entries([_plain(f) for f in _known(report)])}
     for entry in (kept.configs if kept else []):
         if entry["config"] is not None and entry["config"] not in entries \
@@ -228,10 +250,16 @@ class BaselinePlan:
     accepted: Baseline | None = None
     write_path: str | None = None
     kept: Baseline | None = None
+    path: str | None = None  # --baseline's file, for the line saying it has no entry
+    unmatched: list[str] = field(default_factory=list)  # one line per config without entry
 
     def apply(self, report: Report) -> Report:
         report = apply_comments(report)
         if self.accepted is not None:
+            if not self.accepted.entries_for(report):
+                self.unmatched.append(
+                    f"note: baseline {self.path} has no entry for {report.config} (not by its "
+                    "path, not by its model): every finding of it is reported")
             report = apply_baseline(report, self.accepted.accepted(report))
         return report
 
@@ -250,4 +278,4 @@ def prepare_baseline(baseline: str | None, write_baseline: str | None) -> Baseli
         check_output_path(write_baseline, "--write-baseline")
         if unreadable(write_baseline) != "not found":
             kept = load_baseline(write_baseline)
-    return BaselinePlan(accepted, write_baseline, kept)
+    return BaselinePlan(accepted, write_baseline, kept, baseline)

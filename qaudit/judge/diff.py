@@ -5,7 +5,9 @@ Only modules whose precision, recipe, tracked, accumulation, calls or verdict di
 baseline fingerprint: rule, module, recipe entry; never line numbers), and the findings on both
 sides whose severity or scope changed (QA001 lost "on microbatch 0 of the first step only" and
 now "of every step"): for a reviewer, the most important thing a diff can say. The exit code is
-1 when the head introduces a finding, or changes one, at or above `--fail-on` (default: error).
+1 when the head introduces a finding, or makes one worse (more severe, or its loss wider: more
+steps or microbatches), at or above `--fail-on` (default: error). A fixed finding, a milder
+one or a narrower scope (every step -> the first step only) is an improvement: exit 0.
 """
 
 from __future__ import annotations
@@ -63,6 +65,29 @@ def _microbatches(scope: str) -> str:
     return scope.partition(" of ")[0]
 
 
+def _breadth(scope: str) -> tuple[float, int]:
+    """How much of a run a scope loses: (steps, microbatches per step). "Every step" is all of
+    them; "the first step only" one (per start or resume)."""
+    microbatches = len(_microbatches(scope).removeprefix("on microbatch ").split(","))
+    if scope.endswith("every step"):
+        return float("inf"), microbatches
+    if scope.endswith("the first step only"):
+        return 1.0, microbatches
+    steps = scope.partition("step(s) ")[2].partition(" of ")[0]
+    return float(len(steps.split(","))), microbatches
+
+
+def widened(base: str | None, head: str | None) -> bool:
+    """The head's loss covers more than the base's: more steps, or more microbatches of as
+    many steps. A scope that appears (none before) counts as wider; one that goes, narrower."""
+    if base == head or head is None:
+        return False
+    if base is None:
+        return True
+    (base_steps, base_mbs), (head_steps, head_mbs) = _breadth(base), _breadth(head)
+    return head_steps > base_steps or (head_steps == base_steps and head_mbs > base_mbs)
+
+
 @dataclass(kw_only=True)
 class FindingChange:
     """The same finding (same fingerprint) on both sides, with another severity or scope."""
@@ -70,6 +95,17 @@ class FindingChange:
     base: Finding
     head: Finding
     changes: dict[str, tuple[Any, Any]]  # "severity" / "scope" -> (base, head)
+
+    @property
+    def worse(self) -> bool:
+        """More severe, or a wider loss; otherwise the change is an improvement."""
+        if "severity" in self.changes:
+            base, head = self.changes["severity"]
+            if SEVERITIES.index(head) < SEVERITIES.index(base):
+                return True
+        if "scope" in self.changes:
+            return widened(*self.changes["scope"])
+        return False
 
 
 @dataclass(kw_only=True)
@@ -91,9 +127,10 @@ class ReportDiff:
     changed: list[FindingChange] = field(default_factory=list)
 
     def exit_code(self, fail_on: str = "error") -> int:
-        """1 when a new finding, or a changed one (its head side), is at or above `fail_on`."""
+        """1 when a new finding, or one made worse (its head side), is at or above `fail_on`;
+        a narrower scope, a milder severity or a fixed finding is not a regression."""
         threshold = SEVERITIES.index(fail_on)
-        heads = self.new + [change.head for change in self.changed]
+        heads = self.new + [change.head for change in self.changed if change.worse]
         return int(any(SEVERITIES.index(f.severity) <= threshold for f in heads))
 
     def to_dict(self, exit_code: int) -> dict[str, Any]:
@@ -102,6 +139,7 @@ class ReportDiff:
             return {"config": report.config, "recipe": report.recipe, "runtime": report.runtime,
                     "policy": report.policy,
                     **({"megatron": report.megatron} if report.megatron else {}),
+                    **({"te": report.te} if report.te else {}),
                     "steps": report.steps,
                     "microbatches": report.microbatches,
                     "summary": {s: counts.get(s, 0) for s in SEVERITIES}}

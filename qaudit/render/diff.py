@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any
 
 from qaudit.judge.diff import LABELS, FindingChange, ModuleChange, ReportDiff
+from qaudit.judge.report import Report
 from qaudit.render.common import calls_text, collapse_rows, compress_names
 
 ARROW = "\u2192"  # Markdown only; the table keeps ASCII "->"
@@ -46,6 +47,27 @@ def changed_groups(changes: list[FindingChange]) -> list[tuple[str, list[str]]]:
             for (rule, severity, what), names in groups.items()]
 
 
+def header_fields(diff: ReportDiff) -> list[tuple[str, str]]:
+    """The header lines (runtime, policy, steps, megatron, te): once where both sides agree,
+    each side's where they differ, so that a diff across Megatrons or policies says so."""
+    from qaudit.render.common import megatron_text, policy_text, te_text
+
+    def fields(report: Report) -> list[tuple[str, str | None]]:
+        return [("runtime", str(report.runtime)), ("policy", policy_text(report)),
+                ("steps", f"{report.steps} x {report.microbatches} microbatches"),
+                ("megatron", megatron_text(report)), ("te", te_text(report))]
+
+    out = []
+    for (name, base), (_, head) in zip(fields(diff.base), fields(diff.head)):
+        if base == head:
+            if head is not None:
+                out.append((name, head))
+        else:
+            out.append((f"{name} (base)", base or "not named"))
+            out.append((f"{name} (head)", head or "not named"))
+    return out
+
+
 def _summary(diff: ReportDiff, exit_code: int) -> str:
     counts = Counter(f.severity for f in diff.new)
     fixed = Counter(f.severity for f in diff.fixed)
@@ -59,7 +81,7 @@ def render_diff_table(diff: ReportDiff, exit_code: int, *, width: int = 80,
                       expand: bool = False) -> str:
     import textwrap
 
-    from qaudit.render.common import group_findings, megatron_text, policy_text
+    from qaudit.render.common import group_findings
     from qaudit.render.table import finding_lines
 
     def wrap(text: str, first: str = "", rest: str = "      ") -> list[str]:
@@ -69,12 +91,13 @@ def render_diff_table(diff: ReportDiff, exit_code: int, *, width: int = 80,
 
     base, head = diff.base, diff.head
     lines = [f"base: {base.config}" + (f"   recipe: {base.recipe}" if base.recipe else ""),
-             f"head: {head.config}" + (f"   recipe: {head.recipe}" if head.recipe else ""),
-             f"runtime: {head.runtime}   policy: {policy_text(head)}   "
-             f"steps: {head.steps} x {head.microbatches} microbatches"]
-    megatron = megatron_text(head)
-    if megatron:
-        lines.extend(wrap(f"megatron: {megatron}", "", "  "))
+             f"head: {head.config}" + (f"   recipe: {head.recipe}" if head.recipe else "")]
+    fields = header_fields(diff)
+    if [name for name, _ in fields[:3]] == ["runtime", "policy", "steps"]:  # both sides agree
+        lines.append("   ".join(f"{name}: {text}" for name, text in fields[:3]))
+        fields = fields[3:]
+    for name, text in fields:
+        lines.extend(wrap(f"{name}: {text}", "", "  "))
     lines.append("")
     if not diff.modules:
         lines.append("no module changes")
@@ -101,7 +124,6 @@ def render_diff_table(diff: ReportDiff, exit_code: int, *, width: int = 80,
 
 
 def render_diff_markdown(diff: ReportDiff, exit_code: int, *, expand: bool = False) -> str:
-    from qaudit.render.common import megatron_text
     from qaudit.render.markdown import code, escape, finding_items
 
     status = "\u274c" if exit_code else "\u2705"
@@ -109,9 +131,7 @@ def render_diff_markdown(diff: ReportDiff, exit_code: int, *, expand: bool = Fal
     lines = [f"{status} **qaudit diff {code(diff.base.config)} \u2192 {code(diff.head.config)}: "
              f"{new.get('error', 0)} new error(s), {new.get('warning', 0)} new warning(s), "
              f"{len(diff.changed)} changed, {len(diff.fixed)} fixed** (exit {exit_code})", ""]
-    megatron = megatron_text(diff.head)
-    if megatron:
-        lines += [f"For {escape(megatron)}.", ""]
+    lines += [f"- {escape(name)}: {escape(text)}" for name, text in header_fields(diff)] + [""]
     if diff.modules:
         lines += ["| module | n | change |", "| --- | ---: | --- |"]
         for group in collapse_rows(diff.modules, expand, signature=_signature):

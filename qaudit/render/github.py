@@ -1,5 +1,7 @@
 """GitHub Actions workflow commands: one `::error file=…,line=…,title=QA001::message` line per
-error or warning, so findings show on the changed lines of a pull request. Paths are
+finding group (as the table's verdict groups them: same rule, message, place and fix), with
+the modules it names listed, so findings show on the changed lines of a pull request without
+ten identical annotations for ten modules of one repeated layer. Paths are
 repository-relative.
 
 Info notes are harmless (a clean GPT-3 175B dump has 384), and GitHub lists every annotation
@@ -8,7 +10,8 @@ on the run's page, so they become ONE notice saying how many there are and how t
 
 from __future__ import annotations
 
-from qaudit.render.common import finding_text, repo_relative, summary_line
+from qaudit.render.common import (FindingGroup, finding_text, group_findings, repo_relative,
+                                  summary_line)
 from qaudit.judge.report import Finding, Report
 
 COMMANDS = {"error": "error", "warning": "warning", "info": "notice"}
@@ -37,6 +40,21 @@ def annotation(finding: Finding) -> str:
                     finding.rule, finding_text(finding))
 
 
+def group_annotation(group: FindingGroup) -> str:
+    """One annotation for a group: the message once, then every module it names."""
+    finding = group.first
+    if len(group.modules) <= 1:
+        return annotation(finding)
+    text = (f"{len(group.modules)} modules: {group.text}\nmodules: {', '.join(group.modules)}")
+    if finding.fix:
+        text += f"\nfix: {finding.fix}"
+    evidence = getattr(finding, "evidence", None)
+    if evidence:
+        text += f"\nevidence: {evidence}"
+    return _command(COMMANDS.get(finding.severity, "warning"), finding.file, finding.line,
+                    finding.rule, text)
+
+
 def info_notice(report: Report) -> str | None:
     """One notice for every info note: how many, of which rules, and how to see them."""
     per_rule: dict[str, int] = {}
@@ -56,7 +74,7 @@ def info_notice(report: Report) -> str | None:
 def render_annotations(report: Report, show_info: bool = False) -> str:
     """Only the workflow commands (for stderr next to another format)."""
     shown = [f for f in report.findings if show_info or f.severity != "info"]
-    lines = [annotation(f) for f in shown]
+    lines = [group_annotation(group) for group in group_findings(shown)]
     if not show_info and (notice := info_notice(report)):
         lines.append(notice)
     return "".join(line + "\n" for line in lines)

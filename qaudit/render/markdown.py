@@ -150,13 +150,17 @@ def _policies(policies) -> list[str]:
 
 
 def _suggestions(suggestions) -> list[str]:
-    lines = ["#### Suggested remedies (each re-audited)", ""]
+    lines = ["#### Suggested remedies (each re-audited; those that pass first)", ""]
+    failing_said = False
     for item in suggestions if isinstance(suggestions, list) else [suggestions]:
         if not isinstance(item, dict):
             lines.append(f"- {escape(str(item))}")
             continue
+        if not item.get("passes") and not failing_said:
+            lines.extend(["Remedies that do not pass here:", ""])
+            failing_said = True
         status = "passes" if item.get("passes") else (
-            f"{item.get('remaining_errors', '?')} error(s) remain")
+            f"does not pass: {item.get('remaining_errors', '?')} error(s) remain")
         lines.append(f"- **{escape(str(item.get('remedy', '?')))}**: {status}")
         if item.get("cost"):
             lines.append(f"  - cost: {escape(str(item['cost']))}")

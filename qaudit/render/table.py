@@ -348,13 +348,17 @@ def _policy_lines(policies) -> list[str]:
 def _suggestion_lines(suggestions, width: int) -> list[str]:
     """Remedies re-audited by --suggest: whether each passes, its cost and the change in the
     input's own syntax."""
-    lines = ["", "suggested remedies (each re-audited):"]
+    lines = ["", "suggested remedies (each re-audited; those that pass first):"]
+    failing_said = False
     for item in suggestions if isinstance(suggestions, list) else [suggestions]:
         if not isinstance(item, dict):
             lines.extend(_wrap(f"- {item}", width, "  ", "    "))
             continue
+        if not item.get("passes") and not failing_said:
+            lines.append("  remedies that do not pass here:")
+            failing_said = True
         status = "passes" if item.get("passes") else (
-            f"{item.get('remaining_errors', '?')} error(s) remain")
+            f"does not pass: {item.get('remaining_errors', '?')} error(s) remain")
         lines.extend(_wrap(f"- {item.get('remedy', '?')} [{status}]", width, "  ", "    "))
         if item.get("cost"):
             lines.extend(_wrap(f"cost: {item['cost']}", width, "    ", "          "))

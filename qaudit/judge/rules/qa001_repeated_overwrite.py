@@ -44,7 +44,7 @@ def _fsdp_fix(config: ModelConfig, module: str, repeated: bool, drained: bool) -
         options.append(remedies.one_layer_per_depth(config))
     if not repeated and not drained:
         options.append(remedies.grads_sharded())
-    options.append(remedies.unfused_accumulation_fsdp())
+    options.append(remedies.unfused_accumulation_fsdp(config))
     return remedies.fix_line(config, options)
 
 
@@ -61,8 +61,8 @@ def _fix(config: ModelConfig, module: str, policy: str, stale: bool, high_precis
         options.append(remedies.megatron_main())
     elif high_precision and policy != "module":
         options.append(remedies.module_policy(0))
-    options.append(remedies.no_weight_cache(any_quantized))
-    options.append(remedies.unfused_accumulation())
+    options.append(remedies.no_weight_cache(any_quantized, config))
+    options.append(remedies.unfused_accumulation(config))
     return remedies.fix_line(config, options)
 
 
@@ -100,8 +100,9 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     Fixes: change the run so the module runs once per microbatch (no repeated MTP layer,
     Megatron's own output layer); use a Megatron that passes None to it, where one exists (PR
     #6965 for BF16 configs, PR #7353 for high-precision modules); pass None
-    (`disable_parameter_transpose_cache`) or turn fused accumulation off. Listed cheapest first
-    on this config, priced as --suggest prices them, in the input's own syntax.
+    (`disable_parameter_transpose_cache`) or turn fused accumulation off. Those the input can
+    say come first, cheapest on this config first, priced as --suggest prices them, in the
+    input's own syntax and place; those needing a code change follow, marked so.
     """
     steps = max((r.step for records in facts.records.values() for r in records), default=0) + 1
     rows = {row.name: row for row in facts.rows}
