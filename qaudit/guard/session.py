@@ -58,6 +58,7 @@ class GuardSession:
         self.watched = 0
         self.done = False
         self.failed: str | None = None
+        self.peer_lost = False  # the failure was the gather losing another rank of the job
         self.zeroed = False  # Megatron's DDP zeroed its buffers since the last step
         self._installed = None
         self._outputs: dict[int, int] = {}  # id(output tensor) -> its microbatch
@@ -156,6 +157,8 @@ class GuardSession:
         at = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
         self.failed = printable(f"{type(exc).__name__}: {exc}{at}")
         from qaudit.guard import verdict
+
+        self.peer_lost = isinstance(exc, verdict.PeerLost)
 
         verdict.record_failure(self)
         if self.options.mode == "stop":
