@@ -259,3 +259,33 @@ def test_a_job_without_megatron_keeps_its_exit_code_and_is_not_vouched_for(tmp_p
     assert "saw no completed watched step" in done.stderr
     done = _qaudit("guard", "--mode", "warn", "--", sys.executable, "-c", "print('trained')")
     assert done.returncode == 0
+
+
+def _every_stand_in_module() -> dict:
+    """Every module object qaudit puts into sys.modules for a CPU run, by name."""
+    from qaudit.crosscheck import environment, standin_mamba, standin_te
+    from qaudit.runtime.te_cpu import kernels
+
+    modules = {**standin_te.package().modules, **standin_mamba.modules(),
+               "fused_weight_gradient_mlp_cuda": environment._fused_wgrad_module(),
+               "transformer_engine_torch": kernels.build(False)}
+    modules.update({name: environment._kernel_module(name)
+                    for name in environment.TRITON_MODULES})
+    return modules
+
+
+def test_every_stand_in_module_answers_find_spec(monkeypatch):
+    """transformers asks importlib.util.find_spec("causal_conv1d") when CUDA looks available
+    (--cpu): a stand-in without __spec__ made that a ValueError, and Bridge did not import."""
+    import importlib.util
+
+    modules = _every_stand_in_module()
+    for name in ("causal_conv1d", "mamba_ssm", "fused_weight_gradient_mlp_cuda",
+                 "transformer_engine_torch", "transformer_engine.pytorch"):
+        assert name in modules
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    for name, module in modules.items():
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.name == name, name
+        assert (spec.submodule_search_locations is not None) == hasattr(module, "__path__"), name

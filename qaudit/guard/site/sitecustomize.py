@@ -57,15 +57,17 @@ def _start():
         start_from_environment()
     except Exception as exc:  # the guard's own failure: the launcher reports it (exit 3)
         message = f"the guard could not start in {sys.executable}: {type(exc).__name__}: {exc}"
-        _leave_failure(message)
+        left = _leave_failure(message)
         if _mode() == "warn":
             sys.stderr.write(f"qaudit guard: {message}; the job runs on unguarded "
                              "(--mode warn)\n")
             return
         # --mode stop: this process runs Megatron and cannot be vouched for; it ends here,
-        # before anything trains (the import under way would only fail further on).
-        sys.stderr.write(f"qaudit guard: {message}\n")
-        sys.stderr.flush()
+        # before anything trains (the import under way would only fail further on). The
+        # launcher says why, last; said here only if it cannot be told.
+        if not left:
+            sys.stderr.write(f"qaudit guard: {message}\n")
+            sys.stderr.flush()
         os._exit(3)
 
 
@@ -81,14 +83,15 @@ def _mode():
 def _leave_failure(message):
     results = os.environ.get("QAUDIT_GUARD_RESULTS", "")
     if not results:
-        return
+        return False
     path = os.path.join(results, f"start-failed-{os.getpid()}.txt")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     try:
         with os.fdopen(os.open(path, flags, 0o600), "w") as handle:
             handle.write(message[:2000])
+        return True
     except OSError:
-        pass
+        return False
 
 
 def _run_the_jobs_own():
