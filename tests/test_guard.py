@@ -208,13 +208,39 @@ def test_replicas_merge_into_one_verdict_and_a_loss_on_any_rank_counts(fake_te):
     assert report.guard["ranks"] == 2
 
 
-def _part(observer: LiveObserver, rank: int = 0) -> dict:
+def _part(observer: LiveObserver, rank: int = 0, launch: str | None = None) -> dict:
     return {"rank": rank, "observation": observer.seen, "notes": [], "failed": None,
+            "launch": launch, "te_version": "2.20.2",
             "config": model_config(types.SimpleNamespace(num_layers=1, hidden_size=4,
                                                          num_attention_heads=1,
                                                          mtp_use_repeated_layer=True,
                                                          mtp_num_layers=2)),
             "te": "fake", "megatron": None, "rearms": False}
+
+
+@pytest.mark.parametrize("launch_kind, fix", [
+    ("flags", "pass --no-gradient-accumulation-fusion"),
+    ("bridge", "++model.gradient_accumulation_fusion=false"),
+    (None, "set gradient_accumulation_fusion: false")])
+def test_a_stop_says_what_to_do_in_the_launchs_own_syntax(fake_te, launch_kind, fix):
+    """The findings grouped as `qaudit check`'s verdict, each group's fix line (Megatron-LM's
+    flags, a Bridge override, else the field by name), the rule's explanation, and the
+    one-line summary last."""
+    from qaudit.guard.verdict import report_dict, verdict_text
+
+    torch.manual_seed(0)
+    observer = LiveObserver()
+    _train(observer, _repeated_model(fake_te))
+    report = build_report([_part(observer, launch=launch_kind)], GuardOptions())
+    lines = verdict_text(report, True, GuardOptions())
+    assert all(line.startswith("qaudit guard: ") for line in lines)
+    text = "\n".join(lines)
+    assert "QA001 error" in text and fix in " ".join(text.replace("qaudit guard:", "").split())
+    assert lines[-2] == "qaudit guard: explain: qaudit explain QA001"
+    assert lines[-1].startswith("qaudit guard: stopped before the optimizer step: 1 error(s)")
+    document = report_dict(report, stopped=True)
+    assert document["exit_code"] == EXIT_STOPPED
+    assert document["te"]["version"] == "2.20.2" and document["te"]["source"] == "installed"
 
 
 def test_the_options_are_checked():
@@ -227,6 +253,8 @@ def test_the_options_are_checked():
 @pytest.mark.parametrize("code, results, mode, expected", [
     (0, [{"rank": 0, "stop": False, "findings": False, "report": {}}], "stop", 0),
     (1, [{"rank": 0, "stop": True, "findings": True, "report": {}}], "stop", EXIT_STOPPED),
+    (0, [{"rank": 1, "stop": False, "findings": False}], "stop", 0),  # a node without rank 0
+    (130, [], "stop", 130),  # interrupted before any watched step: the shell's code
     (7, [], "stop", 7),  # the job's own failure before any watched step: its code
     (0, [], "stop", EXIT_GUARD_FAILED),  # a clean exit the guard never vouched for
     (0, [], "warn", 0),
@@ -235,7 +263,7 @@ def test_the_options_are_checked():
     (0, [{"rank": 0, "stop": False, "findings": True, "report": {}}], "warn", 0),
 ])
 def test_the_exit_code_is_the_jobs_except_for_the_guards_own(code, results, mode, expected):
-    assert launch._decide(code, results, GuardOptions(mode=mode)).code == expected
+    assert launch.decide(code, results, GuardOptions(mode=mode)).code == expected
 
 
 def _qaudit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
