@@ -84,7 +84,9 @@ def test_a_repeated_mtp_layer_is_stopped_before_the_first_update(tmp_path, preci
     # job's own output; the one-line summary last.
     assert f"qaudit guard:   QA001 error  {len(errors)} modules: mtp.layers.0." in stderr
     assert "qaudit guard: explain: qaudit explain QA001" in lines
-    assert any("fix: " in line and "mtp_use_repeated_layer" in line for line in lines)
+    fix = " ".join(line.removeprefix("qaudit guard:").strip() for line in lines
+                   if line.startswith("qaudit guard:  "))
+    assert "fix: " in fix and "set mtp_use_repeated_layer: false" in fix
     assert lines[-1] == "qaudit guard: the guard stopped the job before the optimizer step " \
         "(exit 10)"
     assert stderr.strip().splitlines()[-1] == lines[-1]
@@ -153,8 +155,10 @@ def test_torchrun_ranks_are_guarded_and_give_one_verdict(tmp_path):
                                      launcher=launcher)
     assert code == EXIT_STOPPED, stderr[-3000:]
     assert report["guard"]["ranks"] == 2
-    assert sum("stopped before the optimizer step" in line
-               for line in _guard_lines(stderr)) == 1  # rank 0 speaks for both
+    lines = _guard_lines(stderr)
+    # Rank 0 speaks for both: one line at the step, the verdict once after the job's end.
+    assert sum("the findings follow when the job has ended" in line for line in lines) == 1
+    assert sum(line.startswith("qaudit guard: verdict:") for line in lines) == 1
 
 
 def test_rank_zero_writes_its_report_even_when_another_rank_is_done_first(tmp_path):
@@ -173,7 +177,7 @@ def test_rank_zero_writes_its_report_even_when_another_rank_is_done_first(tmp_pa
         "            break\n"
         "        time.sleep(0.01)\n"
         "    time.sleep(0.5)\n"
-        "    spoken(report, stop, options)\n"
+        "    return spoken(report, stop, options)\n"
         "v._speak = late\n")
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", "2"]

@@ -265,7 +265,7 @@ def _write_result(options: Any, report: Report, stop: bool, said: list[str]) -> 
                             "findings": stop, "steps": report.guard["steps_watched"]}
     if _rank() == 0:
         data["report"] = report_dict(report, data["stop"])
-        data["said"] = "\n".join(said)
+        data["said"] = "\n".join(said or [])
     _write_file(options, data)
 
 
