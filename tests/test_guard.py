@@ -243,6 +243,16 @@ def test_a_stop_says_what_to_do_in_the_launchs_own_syntax(fake_te, launch_kind, 
     assert document["te"]["version"] == "2.20.2" and document["te"]["source"] == "installed"
 
 
+def test_a_rank_whose_guard_failed_joins_the_verdict_without_an_observation(fake_te):
+    torch.manual_seed(0)
+    observer = LiveObserver()
+    _train(observer, _repeated_model(fake_te))
+    report = build_report([_part(observer), {"rank": 1, "failed": "RuntimeError: boom"}],
+                          GuardOptions(mode="warn"))
+    assert [f.rule for f in report.findings if f.severity == "error"] == ["QA001"]
+    assert report.guard["failed"] == ["RuntimeError: boom"]
+
+
 def test_the_options_are_checked():
     with pytest.raises(ValueError):
         GuardOptions(mode="pause")

@@ -336,3 +336,26 @@ def test_two_nodes_give_one_verdict_each_and_agree(tmp_path, repeated, expected)
     report = json.loads((tmp_path / "node0" / "guard.json").read_text())
     assert report["guard"]["ranks"] == 2 and report["exit_code"] == expected
     assert not (tmp_path / "node1" / "guard.json").exists()  # rank 0's node writes it
+
+
+def test_a_guard_failing_on_one_rank_in_warn_mode_does_not_hang_the_others(tmp_path):
+    """Rank 1's guard fails at the first watched step; rank 0 reaches the ranks' gather at the
+    step's end and used to wait there for ever. Rank 1 now still joins it, and the job trains."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    import qaudit.guard.session as s\n"
+        "    def broken(self, model):\n"
+        "        raise RuntimeError('planted failure on rank 1')\n"
+        "    s.GuardSession._begin_step = broken\n")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2"]
+    code, stdout, stderr, report = _guard(tmp_path, ["--mode", "warn"],
+                                          ["--mtp-layers", "2", "--repeated-mtp"],
+                                          launcher=launcher, extra_path=[str(site)])
+    assert code == 0, stderr[-3000:]
+    assert _steps_trained(stdout) == 3
+    assert "planted failure on rank 1" in stderr and "runs on unguarded" in stderr
+    assert report is not None and report["guard"]["failed"]

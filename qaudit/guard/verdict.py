@@ -71,6 +71,10 @@ def merged_observation(parts: list[dict[str, Any]]) -> Observation:
 
 
 def build_report(parts: list[dict[str, Any]], options: Any) -> Report:
+    failed = [p["failed"] for p in parts if p.get("failed")]
+    parts = [p for p in parts if p.get("observation") is not None]  # a failed rank has none
+    if not parts:
+        raise RuntimeError("the guard failed on every rank: " + "; ".join(failed))
     seen = merged_observation(parts)
     first = parts[0]
     facts = facts_of(seen, first["config"], first.get("rearms"), first.get("policy"))
@@ -90,8 +94,7 @@ def build_report(parts: list[dict[str, Any]], options: Any) -> Report:
         "modules_observed": len(seen.classes), "calls_observed": len(seen.calls),
         "notes": sorted({note for part in parts for note in part.get("notes", [])}),
         **({"numeric": [asdict(n) for n in seen.numeric]} if options.numeric else {}),
-        **({"failed": [p["failed"] for p in parts if p.get("failed")]}
-           if any(p.get("failed") for p in parts) else {}),
+        **({"failed": failed} if failed else {}),
     }
     return report
 
@@ -167,8 +170,34 @@ def gather(part: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(parts, key=lambda p: p["rank"])
 
 
+def several_ranks() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _failed_part(failed: str | None) -> dict[str, Any]:
+    return {"rank": _rank(), "failed": failed or "the guard failed on this rank"}
+
+
+def join_failed(session: Any) -> None:
+    """A rank whose guard failed before the ranks' gather (--mode warn) still takes its part in
+    it, and in the barrier after: the other ranks wait there and would wait forever."""
+    session.gathered = True
+    gather(_failed_part(session.failed))
+    _wait_for_every_rank()
+
+
 def conclude(session: Any) -> Outcome:
-    parts = gather(summary(session))
+    own: Exception | None = None
+    try:
+        part = summary(session)
+    except Exception as exc:  # noqa: BLE001 - raised below, after the gather the others wait in
+        own, part = exc, _failed_part(printable(f"{type(exc).__name__}: {exc}"))
+    session.gathered = True
+    parts = gather(part)
+    if own is not None:
+        _wait_for_every_rank()
+        raise own
     report = build_report(parts, session.options)
     stop = bool(report.exit_code(session.options.fail_on))
     try:
