@@ -20,15 +20,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from qaudit.errors import printable
+from qaudit.guard.codes import EXIT_GUARD_FAILED, EXIT_STOPPED  # noqa: F401 (re-exported)
 from qaudit.run.observe import LiveObserver
 
 # The schedule functions get_forward_backward_func() hands out
 # (megatron/core/pipeline_parallel/schedules.py).
 SCHEDULES = ("forward_backward_no_pipelining", "forward_backward_pipelining_without_interleaving",
              "forward_backward_pipelining_with_interleaving")
-# `qaudit guard`'s exit code when the guard stopped the job (docs/guard.md).
-EXIT_STOPPED = 10
-EXIT_GUARD_FAILED = 3
 
 
 @dataclass(frozen=True)

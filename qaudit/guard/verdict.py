@@ -282,7 +282,7 @@ def _speak(report: Report, stop: bool, options: Any) -> list[str]:
 
 def report_dict(report: Report, stopped: bool = False) -> dict[str, Any]:
     """`exit_code`: the process's (EXIT_STOPPED on a stop; the launcher sets the job's)."""
-    from qaudit.guard.session import EXIT_STOPPED
+    from qaudit.guard.codes import EXIT_STOPPED
 
     return {**report.to_dict(), "exit_code": EXIT_STOPPED if stopped else report.exit_code()}
 
