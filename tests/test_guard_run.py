@@ -359,3 +359,21 @@ def test_a_guard_failing_on_one_rank_in_warn_mode_does_not_hang_the_others(tmp_p
     assert _steps_trained(stdout) == 3
     assert "planted failure on rank 1" in stderr and "runs on unguarded" in stderr
     assert report is not None and report["guard"]["failed"]
+
+
+def test_a_script_that_imports_transformer_engine_first_is_guarded(tmp_path):
+    """Under --cpu the guard's start boots TE itself, inside the job's first `import
+    transformer_engine`: the job must get that module, not a second run of TE's __init__
+    (which lacked its submodules, and Megatron's TE wrappers failed on `te.common`)."""
+    first = tmp_path / "te_first.py"
+    first.write_text("import runpy, sys\nimport transformer_engine\n"
+                     "sys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n")
+    # Stopped before the optimizer: guard-demo asks torch.cuda before importing Megatron,
+    # and with TE imported first (the CPU pose on) it would clip gradients, which asserts
+    # CUDA tensors on a CPU (a --cpu limit of its own, not this test's subject).
+    code, stdout, stderr, report = _guard(tmp_path, [], ["--mtp-layers", "2", "--repeated-mtp"],
+                                          launcher=[sys.executable, str(first)])
+    assert code == EXIT_STOPPED, stderr[-3000:]
+    assert "has no attribute 'common'" not in stderr
+    assert {f["module"] for f in report["findings"] if f["rule"] == "QA001"} >= {
+        "mtp.layers.0.eh_proj"}

@@ -28,9 +28,12 @@ class _StartOnFirstImport:
         if done is None:
             return None
         # The start imported it (--cpu boots TE): hand over that module, not a second run.
+        # The import system takes the spec of a module already in sys.modules, so the
+        # handing-over spec goes there; the module's own is put back when it is handed over.
         import importlib.util
 
-        return importlib.util.spec_from_loader(name, _Imported(done))
+        done.__spec__ = importlib.util.spec_from_loader(name, _Imported(done))
+        return done.__spec__
 
     def invalidate_caches(self):
         pass
