@@ -29,7 +29,8 @@ def run_job(argv: list[str], env: dict[str, str]) -> int:
     terminal = _foreground_terminal()
     parent = os.getpid()
     try:
-        child = subprocess.Popen(argv, env=env, preexec_fn=_in_the_child(parent))
+        child = subprocess.Popen(argv, env=env, process_group=0,
+                                 preexec_fn=_in_the_child(parent))
     except OSError as exc:
         raise EnvironmentProblem(f"qaudit guard: cannot start {printable(argv[0])}: "
                                  f"{exc.strerror}") from None
@@ -50,7 +51,7 @@ def run_job(argv: list[str], env: dict[str, str]) -> int:
     previous = {s: signal.signal(s, forward) for s in FORWARDED
                 if signal.getsignal(s) is not signal.SIG_IGN}
     try:
-        code = _wait(child)
+        code = child.wait()  # a forwarded signal's handler runs; the wait goes on
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -59,19 +60,10 @@ def run_job(argv: list[str], env: dict[str, str]) -> int:
     return 128 - code if code < 0 else code
 
 
-def _wait(child: subprocess.Popen) -> int:
-    while True:
-        try:
-            return child.wait()
-        except InterruptedError:  # pragma: no cover - PEP 475 retries; belt and braces
-            continue
-
-
 def _in_the_child(parent: int) -> Callable[[], None]:
     prctl = _prctl()
 
-    def setup() -> None:
-        os.setpgid(0, 0)
+    def setup() -> None:  # between fork and exec: kept to the one call it needs
         if prctl is not None:
             prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
             if os.getppid() != parent:  # qaudit died before the call took effect
