@@ -8,6 +8,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Optional
 
 import typer
+import typer.core
 
 from qaudit import __version__
 from qaudit.commands.targets import split_targets  # noqa: F401  (one definition, commands/)
@@ -435,7 +436,35 @@ class GuardMode(str, Enum):
     warn = "warn"
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+class _GuardCommand(typer.core.TyperCommand):
+    """`qaudit guard`'s own options are options only before the command: parsing stops at
+    `--` or at the first word that is not an option, and everything from there on is the
+    job's (its own --steps, --report, --help included). A usage error is one line."""
+
+    def parse_args(self, ctx, args):  # noqa: ANN001 - Click's signature
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as exc:  # Click's UsageError (Click's classes vary with typer)
+            if getattr(exc, "exit_code", None) != EXIT_USAGE or not hasattr(exc,
+                                                                           "format_message"):
+                raise
+            _fail(f"error: qaudit guard: {_guard_usage_words(exc)}", EXIT_USAGE)
+
+
+def _guard_usage_words(exc: Exception) -> str:
+    option = getattr(exc, "option_name", None)
+    if option and type(exc).__name__ == "NoSuchOption":
+        import difflib
+
+        possible = difflib.get_close_matches(option, list(getattr(exc, "possibilities", None)
+                                                          or []), n=1)
+        hint = f"; did you mean {possible[0]}?" if possible else ""
+        return (f"no such option {option}{hint} (qaudit guard's own options go before the "
+                "command; the job's after it: qaudit guard [OPTIONS] -- COMMAND ...)")
+    return " ".join(exc.format_message().split())
+
+
+@app.command(cls=_GuardCommand, context_settings={"allow_interspersed_args": False})
 def guard(
     command: Optional[list[str]] = typer.Argument(
         None, help="The launch command, after --: torchrun ..., python train.py ..."),
@@ -456,7 +485,8 @@ def guard(
                                   "qaudit's CPU kernel stand-in, with gloo."),
 ) -> None:
     """Run a training launch command with the guard inside it: the same verdict as `check`,
-    observed in the real run, which is stopped before a step with lost gradients."""
+    observed in the real run, which is stopped before a step with lost gradients. qaudit's
+    options go before the command; everything from the command on is the job's."""
     from qaudit.files.outputs import check_output_path
     from qaudit.guard import launch
     from qaudit.guard.session import GuardOptions
@@ -471,6 +501,9 @@ def guard(
         _fail(f"error: {exc}", EXIT_USAGE)
     except EnvironmentProblem as exc:
         _fail(f"error: {exc}", EXIT_INTERNAL)
+    # The guard's words last, after the job's own output: the verdict, then one line.
+    if outcome.said:
+        sys.stderr.write(outcome.said.rstrip("\n") + "\n")
     sys.stderr.write(f"qaudit guard: {printable(outcome.message)}\n")
     raise typer.Exit(outcome.code)
 

@@ -208,13 +208,49 @@ def test_replicas_merge_into_one_verdict_and_a_loss_on_any_rank_counts(fake_te):
     assert report.guard["ranks"] == 2
 
 
-def _part(observer: LiveObserver, rank: int = 0) -> dict:
+def _part(observer: LiveObserver, rank: int = 0, launch: str | None = None) -> dict:
     return {"rank": rank, "observation": observer.seen, "notes": [], "failed": None,
+            "launch": launch, "te_version": "2.20.2",
             "config": model_config(types.SimpleNamespace(num_layers=1, hidden_size=4,
                                                          num_attention_heads=1,
                                                          mtp_use_repeated_layer=True,
                                                          mtp_num_layers=2)),
             "te": "fake", "megatron": None, "rearms": False}
+
+
+@pytest.mark.parametrize("launch_kind, fix", [
+    ("flags", "pass --no-gradient-accumulation-fusion"),
+    ("bridge", "++model.gradient_accumulation_fusion=false"),
+    (None, "set gradient_accumulation_fusion: false")])
+def test_a_stop_says_what_to_do_in_the_launchs_own_syntax(fake_te, launch_kind, fix):
+    """The findings grouped as `qaudit check`'s verdict, each group's fix line (Megatron-LM's
+    flags, a Bridge override, else the field by name), the rule's explanation, and the
+    one-line summary last."""
+    from qaudit.guard.verdict import report_dict, verdict_text
+
+    torch.manual_seed(0)
+    observer = LiveObserver()
+    _train(observer, _repeated_model(fake_te))
+    report = build_report([_part(observer, launch=launch_kind)], GuardOptions())
+    lines = verdict_text(report, True, GuardOptions())
+    assert all(line.startswith("qaudit guard: ") for line in lines)
+    text = "\n".join(lines)
+    assert "QA001 error" in text and fix in " ".join(text.replace("qaudit guard:", "").split())
+    assert lines[-2] == "qaudit guard: explain: qaudit explain QA001"
+    assert lines[-1].startswith("qaudit guard: stopped before the optimizer step: 1 error(s)")
+    document = report_dict(report, stopped=True)
+    assert document["exit_code"] == EXIT_STOPPED
+    assert document["te"]["version"] == "2.20.2" and document["te"]["source"] == "installed"
+
+
+def test_a_rank_whose_guard_failed_joins_the_verdict_without_an_observation(fake_te):
+    torch.manual_seed(0)
+    observer = LiveObserver()
+    _train(observer, _repeated_model(fake_te))
+    report = build_report([_part(observer), {"rank": 1, "failed": "RuntimeError: boom"}],
+                          GuardOptions(mode="warn"))
+    assert [f.rule for f in report.findings if f.severity == "error"] == ["QA001"]
+    assert report.guard["failed"] == ["RuntimeError: boom"]
 
 
 def test_the_options_are_checked():
@@ -227,6 +263,8 @@ def test_the_options_are_checked():
 @pytest.mark.parametrize("code, results, mode, expected", [
     (0, [{"rank": 0, "stop": False, "findings": False, "report": {}}], "stop", 0),
     (1, [{"rank": 0, "stop": True, "findings": True, "report": {}}], "stop", EXIT_STOPPED),
+    (0, [{"rank": 1, "stop": False, "findings": False}], "stop", 0),  # a node without rank 0
+    (130, [], "stop", 130),  # interrupted before any watched step: the shell's code
     (7, [], "stop", 7),  # the job's own failure before any watched step: its code
     (0, [], "stop", EXIT_GUARD_FAILED),  # a clean exit the guard never vouched for
     (0, [], "warn", 0),
@@ -235,7 +273,7 @@ def test_the_options_are_checked():
     (0, [{"rank": 0, "stop": False, "findings": True, "report": {}}], "warn", 0),
 ])
 def test_the_exit_code_is_the_jobs_except_for_the_guards_own(code, results, mode, expected):
-    assert launch._decide(code, results, GuardOptions(mode=mode)).code == expected
+    assert launch.decide(code, results, GuardOptions(mode=mode)).code == expected
 
 
 def _qaudit(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -367,3 +405,33 @@ def test_the_kernel_stand_in_has_no_fused_attention_in_either_calling_convention
     backend, reason = tex.get_fused_attn_backend(object())  # TE 2.20: one params object
     assert backend == none and reason
     assert tex.get_fused_attn_backend(True, 1, 1, 1, 1) == none  # TE 2.8 to 2.14: the fields
+
+
+def _every_stand_in_module() -> dict:
+    """Every module object qaudit puts into sys.modules for a CPU run, by name."""
+    from qaudit.crosscheck import environment, standin_mamba, standin_te
+    from qaudit.runtime.te_cpu import kernels
+
+    modules = {**standin_te.package().modules, **standin_mamba.modules(),
+               "fused_weight_gradient_mlp_cuda": environment._fused_wgrad_module(),
+               "transformer_engine_torch": kernels.build(False)}
+    modules.update({name: environment._kernel_module(name)
+                    for name in environment.TRITON_MODULES})
+    return modules
+
+
+def test_every_stand_in_module_answers_find_spec(monkeypatch):
+    """transformers asks importlib.util.find_spec("causal_conv1d") when CUDA looks available
+    (--cpu): a stand-in without __spec__ made that a ValueError, and Bridge did not import."""
+    import importlib.util
+
+    modules = _every_stand_in_module()
+    for name in ("causal_conv1d", "mamba_ssm", "fused_weight_gradient_mlp_cuda",
+                 "transformer_engine_torch", "transformer_engine.pytorch"):
+        assert name in modules
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    for name, module in modules.items():
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.name == name, name
+        assert (spec.submodule_search_locations is not None) == hasattr(module, "__path__"), name

@@ -91,6 +91,7 @@ def _fused_wgrad_module() -> types.ModuleType:
     module.wgrad_gemm_accum_fp32 = standin_gemm.wgrad_gemm_accum_fp32
     module.wgrad_gemm_accum_fp16 = standin_gemm.wgrad_gemm_accum_fp32
     module.__qaudit_standin__ = True
+    module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)  # find_spec answers
     return module
 
 
@@ -99,6 +100,7 @@ def _kernel_module(name: str) -> types.ModuleType:
     when called (importing names works; only running the feature does not)."""
     module = types.ModuleType(name, "qaudit: triton kernels are not available on CPU")
     module.__qaudit_standin__ = True
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
 
     def kernel(attribute: str) -> Any:
         if attribute.startswith("__"):

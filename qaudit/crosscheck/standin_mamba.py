@@ -13,6 +13,7 @@ point, with the upstream call it replaces, is listed in docs/cross-check.md.
 
 from __future__ import annotations
 
+import importlib.machinery
 import types
 from functools import lru_cache
 from typing import Any
@@ -189,6 +190,8 @@ def _module(name: str, doc: str, **members: Any) -> types.ModuleType:
     module.__dict__.update(members)
     module.__qaudit_standin__ = True
     module.__path__ = []  # a package: its submodules are the other entries
+    # importlib.util.find_spec(name) reads it (transformers does, for optional packages).
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
     return module
 
 

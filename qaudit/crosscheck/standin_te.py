@@ -16,6 +16,7 @@ they are imported, so every later build must see the same objects (the recorder 
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
 import enum
 import sys
 import types
@@ -519,6 +520,9 @@ def _module(name: str, **attrs: Any) -> types.ModuleType:
     module = types.ModuleType(name, "qaudit's stand-in for Transformer Engine (CPU cross-check)")
     module.__dict__.update(attrs)
     module.__qaudit_standin__ = True
+    # importlib.util.find_spec(name) reads it (transformers does, for optional packages).
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None,
+                                                     is_package=hasattr(module, "__path__"))
     return module
 
 
@@ -578,6 +582,7 @@ def _make_modules() -> dict[str, types.ModuleType]:
         # up submodules; nothing is ever found on disk there.
         if any(other.startswith(name + ".") for other in modules):
             module.__path__ = []
+            module.__spec__.submodule_search_locations = []
     return modules
 
 

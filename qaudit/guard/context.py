@@ -28,8 +28,11 @@ def live_config(session: Any) -> Any:
 def describe(session: Any) -> dict[str, Any]:
     live = live_config(session)
     config = model_config(live)
+    te = sys.modules.get("transformer_engine")
     described: dict[str, Any] = {"config": config, "te": _te_words(), "megatron": None,
-                                 "rearms": None, "policy": None}
+                                 "rearms": None, "policy": None, "launch": launch_kind(),
+                                 "te_version": str(getattr(te, "__version__", "") or "")
+                                 if te is not None else None}
     root = _megatron_root()
     if root is None:
         return described
@@ -46,6 +49,16 @@ def describe(session: Any) -> dict[str, Any]:
     described["rearms"] = policy.rearms(config)
     described["policy"] = policy
     return described
+
+
+def launch_kind() -> str | None:
+    """How the user set this run up, for the fix line's syntax: `bridge` (Megatron-Bridge's
+    training loop ran), `flags` (Megatron-LM's own argument parser did), else None."""
+    if "megatron.bridge" in sys.modules:
+        return "bridge"
+    if "megatron.training.arguments" in sys.modules:
+        return "flags"
+    return None
 
 
 def _megatron_root() -> Path | None:

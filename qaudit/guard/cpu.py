@@ -56,7 +56,10 @@ def boot() -> None:
             "qaudit guard --cpu runs Megatron on Transformer Engine's own Python on qaudit's "
             "CPU kernel stand-in: " + (side.refusal or ("a CUDA device is present: drop --cpu"
                                                         if side.kind == "real" else
-                                                        "no Transformer Engine is importable")))
+                                                        "no Transformer Engine is importable: "
+                                                        "fetch its Python with scripts/fetch-te "
+                                                        "and put it on PYTHONPATH "
+                                                        "(docs/guard.md)")))
     stack = contextlib.ExitStack()
     environment.process_stand_ins(side, stack)
     stack.enter_context(_gloo_process_groups())

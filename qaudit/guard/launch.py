@@ -1,12 +1,13 @@
 """`qaudit guard [OPTIONS] -- COMMAND...`: run the user's launch command unchanged, with the
-guard started in every Python process it runs, and exit with its exit code, except that a
-stop by the guard is EXIT_STOPPED (docs/guard.md).
+guard started in every Python process that imports Megatron or TE, and exit with its exit
+code, except that a stop by the guard is EXIT_STOPPED (docs/guard.md).
 
 How the guard gets in: a private directory holding only a `sitecustomize.py` goes first on
-PYTHONPATH (Python runs it at every start, torchrun's workers included, and it then runs the
-sitecustomize it shadows); another holding only a link to the qaudit package goes last, so
-a job whose Python lacks qaudit still finds it and nothing else. The options travel in the
-environment; each rank leaves its result in the private directory, which is removed after.
+PYTHONPATH (Python runs it at every start, torchrun's workers included; it only arms an import
+hook, then runs the job's own sitecustomize); another holding only a link to the qaudit
+package goes last, so a job whose Python lacks qaudit still finds it and nothing else. The
+options travel in the environment; each watched process leaves its result in the private
+directory under a name of its own, which is removed after.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from qaudit.errors import EnvironmentProblem, InputError, printable
+from qaudit.errors import InputError, printable
 from qaudit.guard.child import ENVIRONMENT
+from qaudit.guard.job import run_job
 from qaudit.guard.session import EXIT_GUARD_FAILED, EXIT_STOPPED, GuardOptions
 
 SITE = Path(__file__).resolve().parent / "site"
@@ -34,6 +34,7 @@ class Outcome:
     code: int
     message: str
     report: dict | None
+    said: str = ""  # rank 0's verdict, as it printed it: said again after the job's output
 
 
 def run(command: list[str], options: GuardOptions, cpu: bool = False) -> Outcome:
@@ -52,40 +53,30 @@ def run(command: list[str], options: GuardOptions, cpu: bool = False) -> Outcome
         package.mkdir(mode=0o700)
         (package / "qaudit").symlink_to(PACKAGE, target_is_directory=True)
         env = dict(os.environ)
-        paths = [str(SITE), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)),
-                 str(package)]
-        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env["PYTHONPATH"] = job_pythonpath(env.get("PYTHONPATH"), str(SITE), str(package))
         env[ENVIRONMENT] = json.dumps({
             "mode": options.mode, "steps": options.steps, "numeric": options.numeric,
             "fail_on": options.fail_on, "cpu": cpu, "results": str(results),
             "report": os.path.abspath(options.report) if options.report else None})
         env["QAUDIT_GUARD_RESULTS"] = str(results)
-        code = _run_child([executable, *command[1:]], env)
-        return _decide(code, _read(results), options)
+        code = run_job([executable, *command[1:]], env)
+        outcome = decide(code, read_results(results), options)
+        if options.report and outcome.report is not None:
+            _write_report(options.report, outcome)
+        return outcome
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
 
-def _run_child(argv: list[str], env: dict[str, str]) -> int:
-    """The command as a child; Ctrl-C and termination reach it, qaudit waits for its end."""
-    try:
-        child = subprocess.Popen(argv, env=env)
-    except OSError as exc:
-        raise EnvironmentProblem(f"qaudit guard: cannot start {printable(argv[0])}: "
-                                 f"{exc.strerror}") from None
-
-    def forward(signum: int, _frame: object) -> None:
-        child.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return child.wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+def job_pythonpath(current: str | None, site: str, package: str) -> str:
+    """The guard's site directory first, qaudit's package link last, and every entry the job
+    had in between as it had it: an empty entry (the working directory, as
+    `export PYTHONPATH=$PYTHONPATH:/opt/x` leaves it) included."""
+    entries = current.split(os.pathsep) if current else []
+    return os.pathsep.join([site, *entries, package])
 
 
-def _read(results: Path) -> list[dict]:
+def read_results(results: Path) -> list[dict]:
     found = []
     for path in sorted(results.iterdir()):
         if path.is_symlink() or not path.is_file():
@@ -101,22 +92,59 @@ def _read(results: Path) -> list[dict]:
     return found
 
 
-def _decide(code: int, results: list[dict], options: GuardOptions) -> Outcome:
+def decide(code: int, results: list[dict], options: GuardOptions) -> Outcome:
+    """The exit code and the last line, from the job's code and every watched process's
+    result. Each rank of a watched step leaves the verdict all ranks agreed on, so a node
+    whose ranks do not include rank 0 decides as rank 0's node does."""
     report = next((r["report"] for r in results if "report" in r), None)
-    failures = [r["failed"] for r in results if r.get("failed")]
+    said = next((r["said"] for r in results if r.get("said")), "")
+    watched = [r for r in results if "findings" in r]
+    # A guard that lost its peers in the gather because a rank of the job died: the job's
+    # crash, reported as the job's exit code.
+    failures = [r["failed"] for r in results if r.get("failed")
+                and not (r.get("peer_lost") and code != 0)]
+    interrupted = _signal_name(code)
     if any(r.get("stop") for r in results):
         return Outcome(EXIT_STOPPED, "the guard stopped the job before the optimizer step "
-                       f"(exit {EXIT_STOPPED})", report)
+                       f"(exit {EXIT_STOPPED})", report, said)
     if failures and options.mode == "stop":
-        return Outcome(EXIT_GUARD_FAILED, f"the guard failed: {failures[0]}", report)
+        return Outcome(EXIT_GUARD_FAILED, f"the guard failed: {failures[0]}", report, said)
     if failures:
         return Outcome(code, f"the guard failed (the job ran on, --mode warn): {failures[0]}",
-                       report)
-    if report is None:
+                       report, said)
+    if not watched:
         words = (f"the guard saw no completed watched step ({options.steps} asked): "
                  "nothing was checked")
+        if interrupted:
+            return Outcome(code, f"the job was interrupted ({interrupted}, exit {code}); "
+                           + words, None, said)
         if code == 0 and options.mode == "stop":
-            return Outcome(EXIT_GUARD_FAILED, words, None)
-        return Outcome(code, words, None)
-    verdict = "findings" if any(r.get("findings") for r in results) else "clean"
-    return Outcome(code, f"the job exited {code}; the guard's verdict: {verdict}", report)
+            return Outcome(EXIT_GUARD_FAILED, words, None, said)
+        return Outcome(code, words, None, said)
+    verdict = "findings" if any(r.get("findings") for r in watched) else "clean"
+    steps = max((int(r.get("steps", 0) or 0) for r in watched), default=0)
+    ranks = len({r.get("rank") for r in watched})
+    seen = f"{steps} watched step(s) on {ranks} rank(s) here" if steps else \
+        f"{ranks} rank(s) here"
+    if interrupted:
+        return Outcome(code, f"the job was interrupted ({interrupted}, exit {code}) after "
+                       f"the guard's verdict ({verdict}: {seen})", report, said)
+    return Outcome(code, f"the job exited {code}; the guard's verdict: {verdict} ({seen})",
+                   report, said)
+
+
+def _signal_name(code: int) -> str:
+    if code <= 128:
+        return ""
+    try:
+        return signal.Signals(code - 128).name
+    except ValueError:
+        return ""
+
+
+def _write_report(path: str, outcome: Outcome) -> None:
+    """Rank 0's report, with the exit code this process exits with."""
+    from qaudit.files.outputs import write_file
+
+    document = {**outcome.report, "exit_code": outcome.code}
+    write_file(path, json.dumps(document, indent=2) + "\n")

@@ -20,15 +20,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from qaudit.errors import printable
+from qaudit.guard.codes import EXIT_GUARD_FAILED, EXIT_STOPPED  # noqa: F401 (re-exported)
 from qaudit.run.observe import LiveObserver
 
 # The schedule functions get_forward_backward_func() hands out
 # (megatron/core/pipeline_parallel/schedules.py).
 SCHEDULES = ("forward_backward_no_pipelining", "forward_backward_pipelining_without_interleaving",
              "forward_backward_pipelining_with_interleaving")
-# `qaudit guard`'s exit code when the guard stopped the job (docs/guard.md).
-EXIT_STOPPED = 10
-EXIT_GUARD_FAILED = 3
 
 
 @dataclass(frozen=True)
@@ -58,6 +56,11 @@ class GuardSession:
         self.watched = 0
         self.done = False
         self.failed: str | None = None
+        self.peer_lost = False  # the failure was the gather losing another rank of the job
+        self.gathered = False  # this rank took its part in the ranks' gather
+        # --mode warn, several ranks, failed before the gather: the other ranks will wait in
+        # it, so this rank still joins it at the end of the watched steps.
+        self.owes_gather = False
         self.zeroed = False  # Megatron's DDP zeroed its buffers since the last step
         self._installed = None
         self._outputs: dict[int, int] = {}  # id(output tensor) -> its microbatch
@@ -67,13 +70,19 @@ class GuardSession:
     # -- Megatron's hooks (qaudit/guard/hooks.py calls these) ---------------------------
 
     def forward_backward(self, original: Callable, *args: Any, **kwargs: Any) -> Any:
-        if self.done or kwargs.get("forward_only"):
+        if kwargs.get("forward_only") or (self.done and not self.owes_gather):
             return original(*args, **kwargs)
+        if self.done:  # failed earlier: the watched steps are still counted, for the gather
+            result = original(*args, **kwargs)
+            self._count_for_the_gather()
+            return result
         try:
             self._begin_step(kwargs.get("model", args[2] if len(args) > 2 else None))
         except Exception as exc:  # noqa: BLE001 - the guard's own failure, reported as such
             self._fail(exc)
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+            self._count_for_the_gather()
+            return result
         self.observer.recording = True
         try:
             result = original(*args, **kwargs)
@@ -83,6 +92,19 @@ class GuardSession:
         if self.watched >= self.options.steps:
             self._finish()
         return result
+
+    def _count_for_the_gather(self) -> None:
+        if not self.owes_gather:
+            return
+        self.watched += 1
+        if self.watched >= self.options.steps:
+            self.owes_gather = False
+            from qaudit.guard import verdict
+
+            try:
+                verdict.join_failed(self)
+            except Exception:  # noqa: BLE001 - already failed and said so; the job runs on
+                pass
 
     def forward_step(self, original: Callable, *args: Any, **kwargs: Any) -> Any:
         if self.observer.recording and kwargs.get("current_microbatch") is not None:
@@ -156,6 +178,10 @@ class GuardSession:
         at = f" (at {where[0].filename}:{where[0].lineno})" if where else ""
         self.failed = printable(f"{type(exc).__name__}: {exc}{at}")
         from qaudit.guard import verdict
+
+        self.peer_lost = isinstance(exc, verdict.PeerLost)
+        self.owes_gather = (self.options.mode == "warn" and not self.gathered
+                            and verdict.several_ranks())
 
         verdict.record_failure(self)
         if self.options.mode == "stop":

@@ -19,7 +19,13 @@ from qaudit.judge.rules import judge
 from qaudit.run.observe import NumericCheck, Observation
 from qaudit.run.observed import GUARD_RULES, facts_of
 
-RESULT_FILE = "result-rank{rank}.json"
+# One file per watched process, never reused: a later process of the job with the same rank
+# (a retry, a second phase) leaves its own next to it, and every verdict counts.
+RESULT_FILE = "result-rank{rank}-pid{pid}-{n}.json"
+
+
+class PeerLost(RuntimeError):
+    """The ranks' gather failed: another rank of the job is gone (it crashed, or was ended)."""
 
 
 @dataclass
@@ -65,9 +71,14 @@ def merged_observation(parts: list[dict[str, Any]]) -> Observation:
 
 
 def build_report(parts: list[dict[str, Any]], options: Any) -> Report:
+    failed = [p["failed"] for p in parts if p.get("failed")]
+    parts = [p for p in parts if p.get("observation") is not None]  # a failed rank has none
+    if not parts:
+        raise RuntimeError("the guard failed on every rank: " + "; ".join(failed))
     seen = merged_observation(parts)
     first = parts[0]
     facts = facts_of(seen, first["config"], first.get("rearms"), first.get("policy"))
+    _launch_syntax(first["config"], first.get("launch"))
     findings = judge(facts, only=GUARD_RULES)
     findings = _with_numbers(findings, seen.numeric)
     from qaudit.commands.check import _sorted_findings, _with_verdicts
@@ -76,16 +87,37 @@ def build_report(parts: list[dict[str, Any]], options: Any) -> Report:
     report = Report(runtime=f"guard ({first.get('te', 'TE')})", policy=facts.policy.name,
                     config="<live run>", recipe=None, steps=seen.steps,
                     microbatches=_microbatches(seen), modules=_with_verdicts(facts.rows, findings),
-                    findings=findings, megatron=first.get("megatron"), te=None)
+                    findings=findings, megatron=first.get("megatron"),
+                    te=_te_entry(first))
     report.guard = {
         "mode": options.mode, "steps_watched": seen.steps, "ranks": len(parts),
         "modules_observed": len(seen.classes), "calls_observed": len(seen.calls),
         "notes": sorted({note for part in parts for note in part.get("notes", [])}),
         **({"numeric": [asdict(n) for n in seen.numeric]} if options.numeric else {}),
-        **({"failed": [p["failed"] for p in parts if p.get("failed")]}
-           if any(p.get("failed") for p in parts) else {}),
+        **({"failed": failed} if failed else {}),
     }
     return report
+
+
+def _te_entry(part: dict[str, Any]) -> dict[str, Any]:
+    """The TE the run imported (its own `__version__`), as `qaudit check`'s `te` says one."""
+    return {"source": "installed", "version": part.get("te_version") or "none imported",
+            "label": part.get("te", "")}
+
+
+def _launch_syntax(config: Any, launch: str | None) -> None:
+    """The fix line in the launch's own syntax: Megatron-LM's flags where its argument parser
+    ran, a Bridge `a.b=c` override where Bridge ran, else the config field by name."""
+    if launch not in ("flags", "bridge") or config.source is not None:
+        return
+    from pathlib import Path
+
+    from qaudit.load.config import ConfigSource
+    from qaudit.load.yamlio import YamlMap
+
+    config.source = ConfigSource(file="<live run>", path=Path("<live run>"), mapping=YamlMap(),
+                                 argv=[] if launch == "flags" else None,
+                                 origin="bridge" if launch == "bridge" else None)
 
 
 def _microbatches(seen: Observation) -> int:
@@ -129,18 +161,48 @@ def gather(part: dict[str, Any]) -> list[dict[str, Any]]:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [part]
     parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, part)
+    try:
+        dist.all_gather_object(parts, part)
+    except Exception as exc:  # noqa: BLE001 - whatever the backend raises for a lost peer
+        raise PeerLost(f"the ranks' gather failed ({type(exc).__name__}: "
+                       f"{' '.join(str(exc).split())[:300]}): another rank of the job ended "
+                       "first") from None
     return sorted(parts, key=lambda p: p["rank"])
 
 
+def several_ranks() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _failed_part(failed: str | None) -> dict[str, Any]:
+    return {"rank": _rank(), "failed": failed or "the guard failed on this rank"}
+
+
+def join_failed(session: Any) -> None:
+    """A rank whose guard failed before the ranks' gather (--mode warn) still takes its part in
+    it, and in the barrier after: the other ranks wait there and would wait forever."""
+    session.gathered = True
+    gather(_failed_part(session.failed))
+    _wait_for_every_rank()
+
+
 def conclude(session: Any) -> Outcome:
-    parts = gather(summary(session))
+    own: Exception | None = None
+    try:
+        part = summary(session)
+    except Exception as exc:  # noqa: BLE001 - raised below, after the gather the others wait in
+        own, part = exc, _failed_part(printable(f"{type(exc).__name__}: {exc}"))
+    session.gathered = True
+    parts = gather(part)
+    if own is not None:
+        _wait_for_every_rank()
+        raise own
     report = build_report(parts, session.options)
     stop = bool(report.exit_code(session.options.fail_on))
     try:
-        if _rank() == 0:
-            _speak(report, stop, session.options)
-        _write_result(session.options, report, stop)
+        said = _speak(report, stop, session.options) if _rank() == 0 else []
+        _write_result(session.options, report, stop, said)
     finally:
         _wait_for_every_rank()  # also when speaking failed: no rank is left waiting
     return Outcome(stop=stop, report=report)
@@ -152,7 +214,11 @@ def _wait_for_every_rank() -> None:
     rank 0 off mid-write."""
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+        try:
+            dist.barrier()
+        except Exception as exc:  # noqa: BLE001 - a lost peer, as in gather()
+            raise PeerLost(f"the ranks' barrier failed ({type(exc).__name__}): another rank "
+                           "of the job ended first") from None
 
 
 def record_failure(session: Any) -> None:
@@ -161,51 +227,94 @@ def record_failure(session: Any) -> None:
           + ("the job is stopped (--mode stop cannot vouch for this step)"
              if session.options.mode == "stop" else "the job runs on unguarded (--mode warn)"),
           file=sys.stderr)
-    _write_file(session.options, {"rank": _rank(), "failed": session.failed, "stop": False})
+    _write_file(session.options, {"rank": _rank(), "failed": session.failed, "stop": False,
+                                  "peer_lost": bool(getattr(session, "peer_lost", False))})
 
 
-def _speak(report: Report, stop: bool, options: Any) -> None:
-    counts = report.counts()
-    what = (f"{counts.get('error', 0)} error(s), {counts.get('warning', 0)} warning(s) in "
-            f"{report.guard['steps_watched']} watched step(s), {report.guard['modules_observed']} "
-            "modules observed")
-    for finding in report.findings:
-        if finding.severity == "info":
-            continue
-        line = printable(f"{finding.rule} {finding.severity} {finding.message}")
-        print(f"qaudit guard: {' '.join(line.split())}", file=sys.stderr)
+WIDTH = 100
+
+
+def verdict_text(report: Report, stop: bool, options: Any) -> list[str]:
+    """The stop's (or the clean run's) words: the findings grouped as `qaudit check`'s verdict
+    groups them, each with its fix in the launch's own syntax, the rule's explanation, and a
+    last line that sums it up."""
+    from qaudit.render.common import group_findings, summary_counts
+    from qaudit.render.table import verdict_lines
+
+    watched = (f"{report.guard['steps_watched']} watched step(s), "
+               f"{report.guard['modules_observed']} modules observed on "
+               f"{report.guard['ranks']} rank(s)")
+    lines = []
+    failing = [f for f in report.findings if f.severity != "info"]
+    if failing:
+        lines += [line.replace("--show-info prints them", "the --report lists them")
+                  for line in verdict_lines(group_findings(report.findings),
+                                            summary_counts(report), WIDTH, show_info=False)]
+        rules = sorted({f.rule for f in failing})
+        lines.append("explain: " + "; ".join(f"qaudit explain {rule}" for rule in rules))
     if stop and options.mode == "stop":
-        print(f"qaudit guard: stopped before the optimizer step: {what}", file=sys.stderr)
+        lines.append(f"stopped before the optimizer step: {summary_counts(report)} in {watched}")
     elif stop:
-        print(f"qaudit guard: {what}; running on (--mode warn)", file=sys.stderr)
+        lines.append(f"{summary_counts(report)} in {watched}; running on (--mode warn)")
     else:
-        print(f"qaudit guard: clean: {what}", file=sys.stderr)
-    if options.report:
-        from qaudit.files.outputs import write_file
-
-        write_file(options.report, json.dumps(report_dict(report), indent=2) + "\n")
+        lines.append(f"clean: {summary_counts(report)} in {watched}")
+    return [f"qaudit guard: {printable(line)}" for line in lines]
 
 
-def report_dict(report: Report) -> dict[str, Any]:
-    return {**report.to_dict(), "exit_code": report.exit_code()}
+def _speak(report: Report, stop: bool, options: Any) -> list[str]:
+    """Rank 0's words. Under `qaudit guard` they are said again after the job's own output
+    ends (the launcher prints them last), so here the process says one line; from the Python
+    API it says all of them, and writes the report."""
+    lines = verdict_text(report, stop, options)
+    if options.results:
+        print(lines[-1] + "; the findings follow when the job has ended"
+              if len(lines) > 1 else lines[-1], file=sys.stderr)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+        if options.report:
+            from qaudit.files.outputs import write_file
+
+            stopped = stop and options.mode == "stop"
+            write_file(options.report, json.dumps(report_dict(report, stopped), indent=2)
+                       + "\n")
+    return lines
 
 
-def _write_result(options: Any, report: Report, stop: bool) -> None:
+def report_dict(report: Report, stopped: bool = False) -> dict[str, Any]:
+    """`exit_code`: the process's (EXIT_STOPPED on a stop; the launcher sets the job's)."""
+    from qaudit.guard.codes import EXIT_STOPPED
+
+    return {**report.to_dict(), "exit_code": EXIT_STOPPED if stopped else report.exit_code()}
+
+
+def _write_result(options: Any, report: Report, stop: bool, said: list[str]) -> None:
+    """Every rank's result carries the verdict all ranks agreed on (a node without rank 0
+    decides from it); rank 0's also the report and its words."""
     data: dict[str, Any] = {"rank": _rank(), "stop": stop and options.mode == "stop",
-                            "findings": stop}
+                            "findings": stop, "steps": report.guard["steps_watched"]}
     if _rank() == 0:
-        data["report"] = report_dict(report)
+        data["report"] = report_dict(report, data["stop"])
+        data["said"] = "\n".join(said or [])
     _write_file(options, data)
 
 
 def _write_file(options: Any, data: dict[str, Any]) -> None:
-    """Into the launcher's private directory (absent when the guard runs from Python)."""
+    """Into the launcher's private directory (absent when the guard runs from Python), under
+    a name no other process has used (O_EXCL): nothing a later process writes replaces it."""
     if not options.results:
         return
-    path = os.path.join(options.results, RESULT_FILE.format(rank=_rank()))
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-    with os.fdopen(os.open(path, flags, 0o600), "w") as handle:
-        json.dump(data, handle)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    for n in range(1000):
+        path = os.path.join(options.results,
+                            RESULT_FILE.format(rank=_rank(), pid=os.getpid(), n=n))
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            continue
+        with os.fdopen(fd, "w") as handle:
+            json.dump(data, handle)
+        return
+    raise OSError(f"no free result file name in {options.results}")
 
 
 def _rank() -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import enum
 import functools
+import importlib.machinery
 import math
 import types
 from typing import Any, Callable
@@ -624,6 +625,8 @@ def build(with_max512_backend: bool) -> types.ModuleType:
     module = _StandIn("transformer_engine_torch")
     module.__doc__ = "qaudit's CPU stand-in for Transformer Engine's compiled extension"
     module.QAUDIT_STAND_IN = True
+    # importlib.util.find_spec reads it (transformers does, for optional packages).
+    module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
     from qaudit.runtime.te_cpu import optimizer_kernels
 
     for name, value in {**ENTRY_POINTS, **optimizer_kernels.ENTRY_POINTS, **CONSTANTS}.items():
