@@ -219,7 +219,7 @@ def _part(observer: LiveObserver, rank: int = 0, launch: str | None = None) -> d
 
 
 @pytest.mark.parametrize("launch_kind, fix", [
-    ("flags", "pass --no-gradient-accumulation-fusion"),
+    ("flags", "add --no-gradient-accumulation-fusion to the launch command"),
     ("bridge", "++model.gradient_accumulation_fusion=false"),
     (None, "set gradient_accumulation_fusion: false")])
 def test_a_stop_says_what_to_do_in_the_launchs_own_syntax(fake_te, launch_kind, fix):
