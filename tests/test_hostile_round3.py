@@ -650,6 +650,7 @@ def _without_utf8(kind: str) -> dict[str, str]:
     return environ
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 @pytest.mark.parametrize("kind", ["posix", "ascii"])
 def test_a_non_utf8_stdout_gets_escapes_not_a_crash(tmp_path, kind):
     base, head = evil_report(tmp_path)
