@@ -206,6 +206,7 @@ def test_suppressed_findings_appear_in_sarif_as_suppressed():
     assert len(suppressed) == 1 and suppressed[0]["suppressions"][0]["kind"] == "external"
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_write_baseline_subprocess_is_stable(tmp_path):
     """Same inputs, same baseline bytes (no timestamps, sorted)."""
     args = [sys.executable, "-m", "qaudit", "check", "configs/gpt-mtp-bf16.yaml", "--policy",

@@ -115,6 +115,7 @@ def _git(folder: Path, *args: str) -> None:
     subprocess.run(["git", *args], cwd=folder, check=True, capture_output=True, timeout=600)
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_pre_commit_try_repo_audits_the_configs(tmp_path):
     command = _pre_commit()
     project = tmp_path / "project"
@@ -167,6 +168,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_pre_commit_hook_with_a_baseline_over_the_directory(tmp_path):
     """The manifest's hook, with `--baseline` added to its args as docs/pre-commit.md shows:
     known findings pass, a new config's findings fail."""
@@ -196,6 +198,7 @@ def test_pre_commit_hook_with_a_baseline_over_the_directory(tmp_path):
     assert "exit 0  configs/mtp.yaml" in failing.stdout
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_the_actions_audit_step_on_a_directory_with_a_baseline(tmp_path):
     """action.yml's own Audit script, run by bash as the runner runs it, on a directory."""
     step = next(s for s in action()["runs"]["steps"] if s.get("id") == "check")

@@ -55,6 +55,7 @@ def test_table_matches_golden_file(monkeypatch, capsys, config):
     assert code == (1 if "QA001" in expected else 0)
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_same_inputs_same_bytes():
     first = run_cli("check", "configs/gpt-mtp-bf16.yaml", "--policy", "legacy", "--format", "json")
     second = run_cli("check", "configs/gpt-mtp-bf16.yaml", "--policy", "legacy", "--format", "json")

@@ -125,6 +125,7 @@ def test_the_stand_in_te_marks_weights_built_under_quantized_init_as_primary():
     assert standin_te.Linear(8, 8).primary_quantized_weight is False
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 @pytest.mark.parametrize("grouped", [False, True])
 def test_the_stand_in_te_computes_no_products(grouped):
     """Nothing the cross-check compares is a value: the stand-in's GEMMs are value-free."""
@@ -183,6 +184,7 @@ def test_small_gpt_matches_megatron_0_19_as_legacy(megatron, monkeypatch, capsys
     jsonschema.validate(report, report_schema())
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_policy_mismatch_is_a_difference_per_module(megatron, monkeypatch, capsys):
     """`--policy config` (PR #6965, Megatron-LM main) is not what the installed 0.19.2 does:
     the cross-check says so for every TE module of a BF16 model, and the table how many."""
@@ -254,6 +256,7 @@ RECIPE_ONLY_FP8 = {"fp8-mlp.yaml": """\
     """}
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_a_stale_weight_cache_is_a_difference(megatron, monkeypatch, capsys, write_yaml):
     """`--policy pre-5642` never re-arms the flag of a recipe-only FP8 config; 0.19.2 does.
     Besides `tracked`, the cross-check names what that does to TE's cached FP8 weight: from
@@ -271,6 +274,7 @@ def test_a_stale_weight_cache_is_a_difference(megatron, monkeypatch, capsys, wri
     assert report["cross_check"]["differences"] == []
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_primary_quantized_weights_agree_with_megatron(megatron, monkeypatch, capsys,
                                                        write_yaml):
     """fp8_param: Megatron builds the layers inside TE's quantized-init context, so no call
@@ -356,6 +360,7 @@ def write_script(tmp_path: Path, extra: str = "") -> str:
     return str(path)
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_launch_script_goes_through_megatrons_own_parser(megatron, monkeypatch, capsys,
                                                         tmp_path):
     """$CHECKPOINT_DIR is unknown: --save is left to upstream's default, as qaudit ignores it."""
@@ -404,6 +409,7 @@ print(json.dumps({"code": code, "inductor": "torch._inductor" in sys.modules,
 """
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_the_stand_in_side_costs_no_inductor_import_no_values_and_leaves_torch_as_found(
         megatron, tmp_path):
     """--deterministic-mode: validate_args calls torch.use_deterministic_algorithms, whose
@@ -428,6 +434,7 @@ print(json.dumps({"code": code, "dtensor": "torch.distributed.tensor" in sys.mod
 """
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_torchs_part_of_megatrons_import_is_paid_once_per_run(megatron):
     """Before the worker forks, the audit process imports the torch packages megatron.core
     imports (a run over many configs then pays them once), and never Megatron itself."""
@@ -439,6 +446,7 @@ def test_torchs_part_of_megatrons_import_is_paid_once_per_run(megatron):
     assert outcome["dtensor"] and outcome["megatron"] == []
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_a_flag_qaudit_misreads_is_caught(megatron, monkeypatch, capsys, tmp_path):
     """qaudit's flag translation is checked by upstream's parser: dropping --moe-grouped-gemm
     on qaudit's side builds sequential experts that Megatron does not build."""
@@ -462,6 +470,7 @@ def test_a_flag_qaudit_misreads_is_caught(megatron, monkeypatch, capsys, tmp_pat
     assert any(d["module"].endswith("local_experts.0.linear_fc1") for d in differences)
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_a_command_line_megatron_refuses_is_a_finding(megatron, monkeypatch, capsys, tmp_path):
     """A refusal qaudit does not repeat (docs/upstream-checks.md): megatron-core 0.19.2's
     validate_args refuses --fp8-param-gather without a distributed optimizer outside inference
@@ -486,6 +495,7 @@ def test_the_stand_in_is_gone_after_the_cross_check(megatron, monkeypatch, capsy
     assert not torch.distributed.is_initialized()
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_the_report_names_the_te_megatron_ran_on(megatron, monkeypatch, capsys):
     """Without TE importable, Megatron's TE is qaudit's stand-in package, and the report says
     so (with TE's Python importable: tests/test_crosscheck_te_cpu.py)."""

@@ -47,6 +47,7 @@ REDUCE_VARIANTS = {
 }
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 @pytest.mark.parametrize("reduce_to", REDUCE_VARIANTS.values(), ids=REDUCE_VARIANTS.keys())
 def test_a_planted_reduce_is_exit_3_in_one_line_and_runs_nothing(reduce_to, tmp_path):
     """In a process of its own: were the payload unpickled, os._exit(0) would end the test

@@ -63,6 +63,7 @@ def test_diff_table_fits_80_columns():
     assert re.search(r"^new findings \(\d+\):$", text, re.M)
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_diff_of_two_configs_end_to_end():
     """Audits both YAML files: BF16 repeated MTP passes; forcing FP8 + BF16 MTP introduces errors."""
     result = subprocess.run([sys.executable, "-m", "qaudit", "diff", "configs/gpt-mtp-bf16.yaml",

@@ -289,6 +289,7 @@ def test_no_command_and_an_unknown_command_are_usage_errors():
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_a_job_without_megatron_keeps_its_exit_code_and_is_not_vouched_for(tmp_path):
     done = _qaudit("guard", "--", sys.executable, "-c", "import sys; sys.exit(7)")
     assert done.returncode == 7

@@ -556,20 +556,28 @@ def test_non_regular_targets_are_written_through_or_refused(inputs):
 
 
 def test_a_fifo_with_a_reader_gets_the_report(inputs):
+    """The reader's end is open before qaudit runs (no sleep, no retry: a thread that had
+    not reached its open() yet made qaudit see no reader); a second writer end, held by the
+    test, keeps the reader from seeing the end of the data before qaudit has written it."""
     import threading
 
     os.mkfifo(inputs / "fifo")
+    read_end = os.open(inputs / "fifo", os.O_RDONLY | os.O_NONBLOCK)
+    held_writer = os.open(inputs / "fifo", os.O_WRONLY)
+    os.set_blocking(read_end, True)
     received = []
-    reader = threading.Thread(target=lambda: received.append(
-        open(inputs / "fifo", "rb").read()), daemon=True)
-    reader.start()
-    time.sleep(0.2)
-    for _ in range(50):  # the reader thread must have opened the FIFO before qaudit writes
+
+    def read_all():
+        with os.fdopen(read_end, "rb") as handle:
+            received.append(handle.read())
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    reader.start()  # it drains the FIFO while qaudit writes (a report may exceed the pipe)
+    try:
         code, _, err = cli("check", "cfg.yaml", "--steps", "1", "--microbatches", "1",
                            "-o", "json=fifo")
-        if code == 0:
-            break
-        time.sleep(0.1)
+    finally:
+        os.close(held_writer)
     reader.join(timeout=600)
     assert code == 0, err
     assert received and b'"schema": "qaudit/1"' in received[0]

@@ -127,16 +127,28 @@ def test_processes_upstream_forks_are_killed_with_the_worker(tmp_path, monkeypat
     body = f"""\
         import os, time
         if os.fork() == 0:
-            open({str(marker)!r}, "w").write(str(os.getpid()))
+            with open({str(marker)!r} + ".part", "w") as handle:
+                handle.write(str(os.getpid()))
+            os.rename({str(marker)!r} + ".part", {str(marker)!r})
             time.sleep(600)
             os._exit(0)
-        time.sleep(0.5)
+        while not os.path.exists({str(marker)!r}):  # the grandchild is running: waited for
+            time.sleep(0.01)
         raise RuntimeError("forked")
         """
     monkeypatch.syspath_prepend(str(fake_megatron(tmp_path / "tree", body)))
     one_line_exit_3(*cli("check", CONFIG, "--cross-check"))
     grandchild = int(marker.read_text())
     assert not _alive(grandchild)
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (Z: ended, not yet collected), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return None
 
 
 def _alive(pid: int, patience: float = 120.0) -> bool:
@@ -209,7 +221,12 @@ def test_a_worker_never_waits_on_qaudit(capfd):
         return list(range(200_000))
 
     job = worker.ForkedWorker(chatty, (), worker.WorkerLimits(timeout_s=1), "test")
-    time.sleep(3)  # qaudit's own audit, longer than the worker's deadline
+    # qaudit's own audit outlasts the worker's deadline, and the worker has finished by then:
+    # both waited for (a fixed sleep let a loaded machine end the worker after it).
+    while _state(job.pid) not in ("Z", None):
+        time.sleep(0.01)
+    while time.monotonic() < job.started + 1:
+        time.sleep(0.01)
     assert job.result() == list(range(200_000))
     assert "UPSTREAM" not in "".join(capfd.readouterr())
 
@@ -633,6 +650,7 @@ def _without_utf8(kind: str) -> dict[str, str]:
     return environ
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 @pytest.mark.parametrize("kind", ["posix", "ascii"])
 def test_a_non_utf8_stdout_gets_escapes_not_a_crash(tmp_path, kind):
     base, head = evil_report(tmp_path)

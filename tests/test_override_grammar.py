@@ -164,6 +164,7 @@ ALPHABET = list("abz019_-.+,:=[]{}()'\"\\ $@%*?|/~!#&\t") + ["null", "true", "in
                                                           "${x}", "\\,", "\\ ", "\\\\"]
 
 
+@pytest.mark.slow  # the quick check's cost (docs/performance.md); CI runs it
 def test_random_values_end_as_in_bridge():
     """Values drawn from the grammar's own characters and words: 3,000 of them, seeded."""
     chooser = random.Random("override-grammar")

@@ -16,7 +16,7 @@ from qaudit.load.field_checks import POSITIVE, Check, optional, ratio
 from qaudit.load.yamlio import short_repr
 
 if TYPE_CHECKING:
-    from qaudit.load.config import ModelConfig
+    from qaudit.load.model_config import ModelConfig
 
 _PATTERN_KEYS = ("hybrid_layer_pattern", "hybrid_override_pattern")
 

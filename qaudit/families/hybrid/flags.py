@@ -19,7 +19,7 @@ from qaudit.load.unmodelled import HYBRID_WITHOUT_PATTERN
 from qaudit.load.yamlio import short_repr
 
 if TYPE_CHECKING:
-    from qaudit.load.sources.translate import Translator
+    from qaudit.load.sources.flag_state import FlagState
 
 # Flags upstream asserts away when a pattern is given ('|' in the pattern defines the stages).
 _REJECTED_WITH_PATTERN = ("--num-layers-per-virtual-pipeline-stage",
@@ -30,7 +30,7 @@ _REJECTED_WITH_PATTERN = ("--num-layers-per-virtual-pipeline-stage",
 _REJECTED_WITH_PIPES = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
 
 
-def apply(t: Translator) -> None:
+def apply(t: FlagState) -> None:
     layer, override = t.last.get("--hybrid-layer-pattern"), t.last.get("--hybrid-override-pattern")
     if layer is not None and override is not None:
         raise InputError("cannot be given together with --hybrid-layer-pattern (Megatron rejects "
@@ -67,7 +67,7 @@ def apply(t: Translator) -> None:
     _derive(t, source, pattern)
 
 
-def _derive(t: Translator, source: Occurrence, pattern: str) -> None:
+def _derive(t: FlagState, source: Occurrence, pattern: str) -> None:
     def fail(message: str, occurrence: Occurrence = source) -> None:
         raise InputError(message, file=t.file, line=occurrence.line, key=occurrence.flag)
 

@@ -1,4 +1,4 @@
-"""Weights of a hybrid model's layers at real widths (qaudit.families.FamilySizes): each
+"""Weights of a hybrid model's layers at real widths (qaudit.families.protocols.FamilySizes): each
 layer holds one sublayer, as upstream's HybridStack builds it (docs/hybrid.md)."""
 
 from __future__ import annotations

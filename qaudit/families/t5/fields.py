@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from qaudit.load.field_checks import POSITIVE, Check, optional
 
 if TYPE_CHECKING:
-    from qaudit.load.config import ModelConfig
+    from qaudit.load.model_config import ModelConfig
 
 # The family's field (declared in ModelConfig) and the check of its value.
 CHECKS: dict[str, Check] = {"encoder_num_layers": optional(POSITIVE)}
@@ -42,7 +42,7 @@ def resolve(config: ModelConfig, given: set[str]) -> None:
     if config.is_t5 and "share_embeddings_and_output_weights" not in given:
         config.share_embeddings_and_output_weights = False  # T5Model's default, unlike GPT's
     if config.is_t5 and config.quant_recipe is not None and config.source is not None:
-        from qaudit.load.config import SourceNote
+        from qaudit.load.model_config import SourceNote
 
         # T5Model has no finish_init walk: its modules never bind a recipe config (docs/t5.md).
         config.source.notes.append(SourceNote(

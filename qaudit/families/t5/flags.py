@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 from qaudit.errors import InputError
 
 if TYPE_CHECKING:
-    from qaudit.load.sources.translate import Translator
+    from qaudit.load.sources.flag_state import FlagState
 
 T5_FLAGS = ("--encoder-num-layers", "--decoder-num-layers")
 
 
-def apply(t: Translator) -> None:
+def apply(t: FlagState) -> None:
     encoder, decoder = t.last.get("--encoder-num-layers"), t.last.get("--decoder-num-layers")
     if encoder is None and decoder is None:
         return
@@ -56,7 +56,7 @@ def apply(t: Translator) -> None:
         t.set("share_embeddings_and_output_weights", True, source.line, source.flag)
 
 
-def _gpt_layer_count(t: Translator, encoder, decoder, num_layers) -> None:
+def _gpt_layer_count(t: FlagState, encoder, decoder, num_layers) -> None:
     """A GPT entry script: validate_args' rule without the T5 model around it."""
     script = t.entry.name
     if encoder is not None:

@@ -60,4 +60,4 @@ class T5Model(LanguageModel):
         return self._loss(output_layer(hidden, tied), labels)
 
 
-MODEL = T5Model  # the family's model class (qaudit.families.FamilyModel)
+MODEL = T5Model  # the family's model class (qaudit.families.protocols.FamilyModel)

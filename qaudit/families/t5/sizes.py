@@ -1,4 +1,4 @@
-"""Weights of a T5 model's layer stacks at real widths (qaudit.families.FamilySizes)."""
+"""Weights of a T5 model's layer stacks at real widths (qaudit.families.protocols.FamilySizes)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from qaudit.errors import InputError
 
 if TYPE_CHECKING:
-    from qaudit.load.sources.translate import Translator
+    from qaudit.load.sources.flag_state import FlagState
 
 # Options of ModelOpt's own parser (`megatron/post_training/arguments.py`, add_modelopt_args,
 # Megatron-LM d98e8a64): known, not Megatron's training parser. The value: why the audit
@@ -56,7 +56,7 @@ def known_modelopt_flag(flag: str) -> bool:
     return flag in MODELOPT_FLAGS
 
 
-def note_modelopt_flags(t: Translator) -> None:
+def note_modelopt_flags(t: FlagState) -> None:
     """One QA090 note per ModelOpt option the audit cannot follow."""
     for flag, why in MODELOPT_FLAGS.items():
         occurrence = t.last.get(flag)
@@ -67,7 +67,7 @@ def note_modelopt_flags(t: Translator) -> None:
         t.note(f"{flag}: {why}", occurrence.line, flag)
 
 
-def apply_modelopt(t: Translator) -> None:
+def apply_modelopt(t: FlagState) -> None:
     """Set the layer spec the ModelOpt builder would use, when it builds the model."""
     reason = t.entry.modelopt_location()
     switch = next((t.last[f] for f in _ON_FLAGS if f in t.last), None)
@@ -98,7 +98,7 @@ def apply_modelopt(t: Translator) -> None:
     _default_te_spec(t, default_te)
 
 
-def _default_te_spec(t: Translator, occurrence) -> None:
+def _default_te_spec(t: FlagState, occurrence) -> None:
     """`--export-default-te-spec`: the TE spec as ModelOpt's builder asks for it."""
     def fail(message: str, key: str) -> None:
         raise InputError(message, file=t.file, line=occurrence.line, key=key)

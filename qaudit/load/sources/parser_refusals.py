@@ -16,7 +16,7 @@ from qaudit.load.sources.modelopt_flags import MODELOPT_FLAGS, known_modelopt_fl
 from qaudit.load.sources.upstream_flags import UPSTREAM_FLAGS
 
 if TYPE_CHECKING:
-    from qaudit.load.sources.translate import Translator
+    from qaudit.load.sources.flag_state import FlagState
 
 
 def is_parser_option(flag: str, modelled: dict) -> bool:
@@ -33,7 +33,7 @@ def nearest_option(flag: str) -> str | None:
     return match[0] if match else None
 
 
-def refuse_unknown_options(t: Translator) -> None:
+def refuse_unknown_options(t: FlagState) -> None:
     """For an entry script whose parser is Megatron's, the first unknown option is exit 2."""
     if not t.entry.parser_is_megatrons:
         return

@@ -21,13 +21,13 @@ from qaudit.load.sources.argv import Occurrence
 from qaudit.load.sources.upstream_flags import UPSTREAM_FLAGS
 
 if TYPE_CHECKING:
-    from qaudit.load.sources.translate import Translator
+    from qaudit.load.sources.flag_state import FlagState
 
 UNKNOWN = object()
 _CONVERT = {"i": (int, "int"), "f": (float, "float")}
 
 
-def refuse_unconvertible_values(t: Translator) -> None:
+def refuse_unconvertible_values(t: FlagState) -> None:
     """argparse's `type=int`/`type=float` conversion and value count, on every option of
     Megatron's parser the file passes (any entry script parses them with that parser)."""
     for occurrence in t.last.values():
@@ -54,7 +54,7 @@ def refuse_unconvertible_values(t: Translator) -> None:
                         f"{value.text!r}", "parse_args")
 
 
-def refuse_validate_args(t: Translator) -> None:
+def refuse_validate_args(t: FlagState) -> None:
     """validate_args' refusals of settings outside the model (0.19.2 line numbers)."""
     value = _Values(t)
     sizes = value.occurrence("--hierarchical-context-parallel-sizes")
@@ -137,7 +137,7 @@ class _Values:
         "context_parallel_size": 1,
     }
 
-    def __init__(self, t: Translator) -> None:
+    def __init__(self, t: FlagState) -> None:
         self.t = t
         self.open_ended = any(word.unknown for word in t.loose)
 
@@ -167,7 +167,7 @@ class _Values:
         return int(texts[0]) if kind.endswith("i") else texts[0]
 
 
-def _refuse(t: Translator, occurrence: Occurrence, message: str, where: str,
+def _refuse(t: FlagState, occurrence: Occurrence, message: str, where: str,
             kind: str = "") -> None:
     upstream = {"parse_args": "Megatron's argument parser stops at start-up",
                 "validate_args": "Megatron's validate_args refuses it at start-up"}[where]

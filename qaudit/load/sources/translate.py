@@ -16,12 +16,12 @@ from qaudit.load.sources import megatron_flags as flags
 from qaudit.load.sources.argv import Argv, Occurrence
 from qaudit.load.sources.checked_flags import apply_checked
 from qaudit.load.sources.entry import Entry
+from qaudit.load.sources.flag_state import FlagState
 from qaudit.families import parts as family_parts
 from qaudit.load.sources.modelopt_flags import apply_modelopt, known_modelopt_flag, note_modelopt_flags
 from qaudit.load.sources.parser_refusals import refuse_unknown_options
 from qaudit.load.sources.startup_refusals import refuse_unconvertible_values, refuse_validate_args
 from qaudit.load.sources.megatron_flags import to_int
-from qaudit.load.sources.tokens import External
 from qaudit.load.sources.upstream_flags import PARSER_COMMIT, UPSTREAM_FLAGS
 from qaudit.load.unmodelled import (INFERENCE_ONLY_FLAGS, INFERENCE_ONLY_WHY, NO_EFFECT,
                                     UNMODELLED, field_of_dest, no_effect_reason,
@@ -37,19 +37,6 @@ _STACK_FEATURES = {
 }
 
 
-def missing_value_error(file: str, occurrence: Occurrence, missing: tuple[External, ...],
-                        conditional: bool = False) -> InputError:
-    """One message naming the file, line, flag and the outside value, with the fix."""
-    names = list(dict.fromkeys([d for e in missing for d in e.deciders] +
-                               [e.name for e in missing if e.settable()]))
-    fix = "pass " + " ".join(f"--set {n}=VALUE" for n in names) if names \
-        else "write the value into the file"
-    what = "is passed only if a condition holds that reads" if conditional else \
-        "takes its value from"
-    return InputError(f"{occurrence.flag} {what} {missing[0].describe()}, and the audit "
-                      f"needs it; {fix}", file=file, line=occurrence.line, key=occurrence.flag)
-
-
 @dataclass
 class Translation:
     mapping: YamlMap
@@ -57,43 +44,8 @@ class Translation:
     flag_of: dict[str, str]  # field -> flag
 
 
-class Translator:
-    def __init__(self, argv: Argv, file: str, entry: Entry | None = None) -> None:
-        self.file = file
-        self.entry = entry or Entry(None, None, file)
-        self.mapping = YamlMap(line=1)
-        self.flag_of: dict[str, str] = {}  # field -> the flag that set it, for messages
-        self.notes: list[SourceNote] = []
-        # argparse: the last occurrence of a flag wins.
-        self.last: dict[str, Occurrence] = {}
-        for occurrence in argv.occurrences:
-            self.last.pop(occurrence.flag, None)
-            self.last[occurrence.flag] = occurrence
-        self.loose = argv.loose
-        self.modelled = flags.modelled_flags()
-
-    # --- helpers ---------------------------------------------------------------------------
-    def set(self, field: str, value: Any, line: int | None, flag: str) -> None:
-        self.mapping[field] = value
-        self.mapping.key_lines[field] = line
-        self.flag_of[field] = flag
-
-    def note(self, message: str, line: int | None, key: str | None,
-             no_effect: bool = False) -> None:
-        self.notes.append(SourceNote(message, line, key, no_effect=no_effect))
-
-    def needed(self, occurrence: Occurrence) -> list[str]:
-        """The occurrence's values, all known; otherwise an InputError (the audit needs them)."""
-        if occurrence.word.condition:
-            raise missing_value_error(self.file, occurrence, occurrence.word.condition, True)
-        for value in occurrence.values:
-            if value.depends_on():
-                raise missing_value_error(self.file, occurrence, value.depends_on(),
-                                          conditional=not value.unknown)
-        return [value.text for value in occurrence.values]
-
-    def given(self, flag: str) -> bool:
-        return flag in self.last
+class Translator(FlagState):
+    """One file's flags translated: the state and its helpers are `FlagState`'s."""
 
     # --- the translation -------------------------------------------------------------------
     def run(self) -> Translation:
