@@ -384,7 +384,8 @@ TYPE_ERRORS = {
     "runtime-number": (lambda d: d.update(runtime=3), "runtime"),
     "steps-string": (lambda d: d.update(steps="2"), "steps"),
     "steps-bool": (lambda d: d.update(steps=True), "steps"),
-    "exit-code-2": (lambda d: d.update(exit_code=2), "exit_code"),
+    # A guard's report carries the process's code (0-255); no process exits 256.
+    "exit-code-256": (lambda d: d.update(exit_code=256), "exit_code"),
     "modules-dict": (lambda d: d.update(modules={}), "modules"),
     "calls-negative": (lambda d: d["modules"][0].update(calls_per_microbatch=-1),
                        "modules[0].calls_per_microbatch"),

@@ -17,7 +17,7 @@ from typing import Any
 
 # Keywords this checker applies; annotations are read and ignored.
 SUPPORTED = frozenset({"type", "required", "properties", "additionalProperties", "items",
-                       "const", "enum", "minimum", "pattern", "$ref", "allOf"})
+                       "const", "enum", "minimum", "maximum", "pattern", "$ref", "allOf"})
 ANNOTATIONS = frozenset({"$schema", "$id", "$defs", "title", "description"})
 _TYPES = {
     "object": lambda v: isinstance(v, dict),
@@ -85,6 +85,8 @@ def _check(value: Any, schema: dict, root: dict, where: str) -> None:
             raise SchemaViolation(where, f"expected {' or '.join(types)}, got {got}")
     if "minimum" in schema and _TYPES["number"](value) and value < schema["minimum"]:
         raise SchemaViolation(where, f"must be >= {schema['minimum']}, got {_shown(value)}")
+    if "maximum" in schema and _TYPES["number"](value) and value > schema["maximum"]:
+        raise SchemaViolation(where, f"must be <= {schema['maximum']}, got {_shown(value)}")
     if "pattern" in schema and isinstance(value, str) and not re.search(schema["pattern"], value):
         raise SchemaViolation(where, f"does not match {schema['pattern']}: {_shown(value)}")
     if isinstance(value, dict):
