@@ -15,6 +15,7 @@ from qaudit.load.bridge.container import Flat, container_kind, flatten
 from qaudit.load.bridge.mixed_precision import RecipeTable
 from qaudit.load.bridge.overrides import Override, apply_overrides
 from qaudit.load.bridge.quant_recipe import recipe_from_node
+from qaudit.load.bridge.targets import refuse_foreign_targets
 from qaudit.load.config import ConfigSource, ModelConfig, SourceNote, config_from_mapping
 from qaudit.load.recipe import QuantRecipe
 from qaudit.load.yamlio import YamlMap, load_yaml
@@ -89,6 +90,7 @@ def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = 
         raise InputError("not a Megatron-Bridge ConfigContainer YAML (no top-level _target_ "
                          "naming a ConfigContainer)", file=display, line=1, key="_target_")
     origins, explicit, remarks = _overridden(document, display, overrides)
+    refuse_foreign_targets(document, display, origins)
     flat = flatten(document, display, origins, explicit, recipe_table)
     flat.info.explanations.extend(remarks)
     return _config(flat, path, display)
@@ -102,6 +104,7 @@ def load_object(obj: object, overrides: Sequence[Override | str] = ()
     display = label_of(obj)
     document = document_of(obj)
     origins, explicit, remarks = _overridden(document, display, overrides)
+    refuse_foreign_targets(document, display, origins, overridden_only=True)
     flat = flatten(document, display, origins, explicit)
     flat.info.explanations.extend(remarks)
     if container_kind_of_object(document) == "qaudit":

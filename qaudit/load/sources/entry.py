@@ -113,7 +113,7 @@ FLEXTRON_OPTIONS = frozenset("""
 _GROUP = re.compile(r"(?:test_cases/([^/]+)/[^/]+/[^/]+$)|(?:(?:^|/)([^/]+?)__[^/]+$)")
 
 
-def test_group(file: str) -> str | None:
+def functional_test_group(file: str) -> str | None:
     """The functional-test group a MODEL_ARGS file belongs to, from its location: upstream's
     `test_cases/<group>/<name>/model_config.yaml`, or a copy flattened to `<group>__<name>`."""
     match = _GROUP.search(os.path.abspath(file).replace(os.sep, "/"))
@@ -123,7 +123,7 @@ def test_group(file: str) -> str | None:
 def model_args_entry(file: str, mode: str | None, flags: set[str]) -> Entry:
     """The entry point of a MODEL_ARGS file (which names no script): held to Megatron's
     training parser unless its MODE or group runs a script with options of its own."""
-    if mode not in TRAINING_MODES or test_group(file) in OWN_PARSER_GROUPS:
+    if mode not in TRAINING_MODES or functional_test_group(file) in OWN_PARSER_GROUPS:
         return Entry(None, None, file)
     if "--flextron" in flags:
         return Entry(None, None, file, "pretrain_hybrid_flex.py (it sets --flextron)",

@@ -1,0 +1,111 @@
+"""Issue 48: nothing silently ignored. Every key an input gives is read or refused (exit 2 at
+its file, line and key); the false passes the issue found are exit 2 now."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from qaudit.commands.check import load_inputs
+from qaudit.errors import InputError
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "configs" / "deepseek-v3-mtp-fp8.yaml"
+NESTED = "model:\n  num_layers: 2\n  hidden_size: 64\n  num_attention_heads: 4\n"
+
+
+def _load(path: Path):
+    return load_inputs(str(path))
+
+
+# --- plain YAML: keys beside `model:` -------------------------------------------------------
+
+@pytest.mark.parametrize("extra, key, words", [
+    ("mtp_num_layers: 2\nmtp_use_repeated_layer: true\n", "mtp_num_layers",
+     ("belongs under `model:`",)),
+    ("disable_parameter_transpose_cache: true\n", "disable_parameter_transpose_cache",
+     ("belongs under `model:`",)),
+    ("add_bias_linear: false\n", "add_bias_linear", ("belongs under `model:`",)),
+    ("bogus_top: 1\n", "bogus_top", ("unknown top-level key",)),
+    ("mtp_num_layer: 1\n", "mtp_num_layer", ("did you mean 'mtp_num_layers'?",
+                                             "belongs under `model:`")),
+    ("modle: {}\n", "modle", ("did you mean 'model'?",)),
+])
+def test_a_key_beside_model_is_refused_at_its_line(tmp_path, extra, key, words):
+    """The example nests its fields under `model:`; a key appended at the top level used to
+    change nothing (the repeated MTP layer written there gave exit 0)."""
+    path = tmp_path / "config.yaml"
+    text = EXAMPLE.read_text()
+    path.write_text(text + extra)
+    with pytest.raises(InputError) as error:
+        _load(path)
+    line = text.count("\n") + 1
+    assert (error.value.file, error.value.line, error.value.key) == (str(path), line, key)
+    for word in words:
+        assert word in error.value.message
+
+
+def test_model_alone_and_flat_files_still_load(tmp_path):
+    nested, flat = tmp_path / "nested.yaml", tmp_path / "flat.yaml"
+    nested.write_text(NESTED)
+    flat.write_text(NESTED.replace("model:\n", "").replace("  ", ""))
+    assert _load(nested)[0].num_layers == _load(flat)[0].num_layers == 2
+
+
+# --- Bridge: a `_target_` that is not the class the section holds ----------------------------
+
+SUPER = REPO / "configs" / "bridge-super-nvfp4-mtp-bf16.yaml"
+LIGHTNING = REPO / "configs" / "bridge-lightning-mtp-bf16.yaml"
+MP_CLASS = "megatron.bridge.training.mixed_precision.MixedPrecisionConfig"
+
+
+@pytest.mark.parametrize("old, new, key", [
+    (MP_CLASS, "os.system", "mixed_precision._target_"),
+    (MP_CLASS, "mypkg.MixedPrecisionConfig", "mixed_precision._target_"),
+    ("megatron.bridge.training.comm_overlap.CommOverlapConfig", "os.system",
+     "comm_overlap._target_"),
+    ("megatron.bridge.training.config.DistributedInitConfig", "os.system", "dist._target_"),
+])
+def test_a_foreign_target_in_a_dump_is_refused_never_imported(tmp_path, old, new, key):
+    """Issue 48: the section was audited as Bridge's class while Bridge would instantiate the
+    foreign target (the dump's old verdict, exit 1)."""
+    import sys
+
+    text = (SUPER if old == MP_CLASS else LIGHTNING).read_text()
+    if old not in text:  # the Lightning dump leaves comm_overlap/dist in Bridge's classes
+        text = SUPER.read_text()
+    assert old in text
+    path = tmp_path / "dump.yaml"
+    path.write_text(text.replace(old, new, 1))
+    before = set(sys.modules)
+    with pytest.raises(InputError) as error:
+        _load(path)
+    line = text.splitlines().index(next(l for l in text.splitlines() if old in l)) + 1
+    assert (error.value.line, error.value.key) == (line, key)
+    assert repr(new) in error.value.message and "never imports" in error.value.message
+    assert not {m for m in set(sys.modules) - before if m.startswith("mypkg")}
+
+
+@pytest.mark.parametrize("argument", ["++mixed_precision={_target_: os.system}",
+                                      "++mixed_precision={_target_: os.system, fp8: e4m3}",
+                                      "mixed_precision._target_=os.system",
+                                      "++model._target_=os.system"])
+def test_a_foreign_target_as_an_argument_is_refused(argument):
+    # The Lightning dump names a recipe (a string): `mixed_precision._target_=` cannot be set
+    # there (Hydra refuses, and so does qaudit, before any target is looked at).
+    dumps = (SUPER,) if argument.startswith("mixed_precision.") else (SUPER, LIGHTNING)
+    for dump in dumps:
+        with pytest.raises(InputError) as error:
+            load_inputs(str(dump), None, None, (argument,))
+        assert "'os.system'" in error.value.message
+        assert error.value.key.endswith("._target_") and argument in error.value.file
+
+
+def test_bridge_classes_are_accepted():
+    """Every class the shipped dumps name is Bridge's own (nothing refused)."""
+    for dump in (SUPER, LIGHTNING):
+        assert _load(dump)[0].num_layers > 0
+    config, _ = load_inputs(str(SUPER), None, None, (f"++mixed_precision._target_={MP_CLASS}",))
+    assert config.num_layers > 0
