@@ -109,3 +109,31 @@ def test_bridge_classes_are_accepted():
         assert _load(dump)[0].num_layers > 0
     config, _ = load_inputs(str(SUPER), None, None, (f"++mixed_precision._target_={MP_CLASS}",))
     assert config.num_layers > 0
+
+
+# --- Bridge dumps and the Python API: top-level keys ----------------------------------------
+
+@pytest.mark.parametrize("extra, key, words", [
+    ("trian: {}\n", "trian", ("not a ConfigContainer section", "did you mean 'train'?")),
+    ("mtp_num_layers: 2\n", "mtp_num_layers", ("belongs under `model:`",)),
+])
+def test_a_dump_key_that_is_no_section_is_refused(tmp_path, extra, key, words):
+    text = SUPER.read_text()
+    path = tmp_path / "dump.yaml"
+    path.write_text(text + extra)
+    with pytest.raises(InputError) as error:
+        _load(path)
+    assert (error.value.line, error.value.key) == (text.count("\n") + 1, key)
+    for word in words:
+        assert word in error.value.message
+
+
+def test_the_api_refuses_a_model_field_beside_model():
+    """`audit({"model": {...}, "mtp_num_layers": 2, ...})` gave exit 0 before: the repeated MTP
+    layer beside `model` was never read."""
+    from qaudit import audit
+
+    model = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4}
+    with pytest.raises(InputError, match="belongs under `model:`") as error:
+        audit({"model": model, "mtp_num_layers": 2, "mtp_use_repeated_layer": True})
+    assert error.value.key == "mtp_num_layers"
