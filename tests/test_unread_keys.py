@@ -137,3 +137,21 @@ def test_the_api_refuses_a_model_field_beside_model():
     with pytest.raises(InputError, match="belongs under `model:`") as error:
         audit({"model": model, "mtp_num_layers": 2, "mtp_use_repeated_layer": True})
     assert error.value.key == "mtp_num_layers"
+
+
+# --- the documented list of what is deliberately not read -------------------------------------
+
+def test_the_documented_unread_sections_are_the_code_s():
+    """docs/bridge.md's list of sections deliberately not read is the code's, and every
+    ConfigContainer section is either read or on that list (anything else is refused)."""
+    import re
+
+    from qaudit.load.bridge import SECTIONS
+    from qaudit.load.bridge.sections import READ_SECTIONS, SKIPPED_SECTIONS
+
+    text = (REPO / "docs" / "bridge.md").read_text()
+    item = text[text.index("**Deliberately not read**"):text.index("**Refused**")]
+    listed = set(re.findall(r"`([a-z_]+)`", item.split("):", 1)[1].split("(`distill`")[0]))
+    assert listed == SKIPPED_SECTIONS
+    assert SECTIONS == READ_SECTIONS | SKIPPED_SECTIONS
+    assert not READ_SECTIONS & SKIPPED_SECTIONS
