@@ -155,3 +155,48 @@ def test_the_documented_unread_sections_are_the_code_s():
     assert listed == SKIPPED_SECTIONS
     assert SECTIONS == READ_SECTIONS | SKIPPED_SECTIONS
     assert not READ_SECTIONS & SKIPPED_SECTIONS
+
+
+# --- Hydra values a Bridge config can hold (issue 48, item 5) -------------------------------
+
+FAST = dict(steps=1, microbatches=2)
+
+
+def _lightning_without_repeated_layer(tmp_path) -> Path:
+    """The bundled Lightning dump (one MTP layer at two depths) with the repeated layer off."""
+    text = LIGHTNING.read_text()
+    assert "  mtp_use_repeated_layer: true\n" in text
+    path = tmp_path / "lightning.yaml"
+    path.write_text(text.replace("  mtp_use_repeated_layer: true\n",
+                                 "  mtp_use_repeated_layer: false\n"))
+    return path
+
+
+@pytest.mark.parametrize("word, code", [("yes", 1), ("no", 1), ("on", 1), ("false", 0),
+                                        ("''", 0)])
+def test_a_hydra_string_on_a_boolean_field_runs_as_its_truth(tmp_path, word, code):
+    """Hydra keeps `yes`/`no`/`on` as strings and Bridge sets them as is (untyped OmegaConf,
+    setattr); Megatron only tests `if config.mtp_use_repeated_layer:`, so any non-empty string
+    is true: the repeated MTP layer runs and loses gradients (QA001). Refused before (exit 2,
+    no verdict)."""
+    from qaudit import audit
+
+    path = _lightning_without_repeated_layer(tmp_path)
+    report = audit(str(path), overrides=[f"model.mtp_use_repeated_layer={word}"], **FAST)
+    assert report.exit_code == code
+    rules = {finding.rule for finding in report.report.findings if finding.severity == "error"}
+    assert rules == ({"QA001"} if code else set())
+    noted = "model.mtp_use_repeated_layer=" in str(report.report.to_dict())
+    assert noted == (word != "false")  # the header names a string it read as a truth
+
+
+def test_an_empty_count_is_no_mtp_and_float_counts_are_refused_with_where(tmp_path):
+    from qaudit import audit
+
+    report = audit(str(SUPER), overrides=["model.mtp_num_layers="], **FAST)
+    assert "model.mtp_num_layers=''" in str(report.report.to_dict())
+    for argument, where in (("model.mtp_num_layers=1e0", "gpt_layer_specs.py:782"),
+                            ("model.num_moe_experts=1.28e2", "moe/router.py:62")):
+        with pytest.raises(InputError) as error:
+            load_inputs(str(SUPER), None, None, (argument,))
+        assert where in error.value.message and argument in error.value.file

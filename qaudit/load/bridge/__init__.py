@@ -15,6 +15,7 @@ from qaudit.load.bridge.container import Flat, container_kind, flatten
 from qaudit.load.bridge.mixed_precision import RecipeTable
 from qaudit.load.bridge.overrides import Override, apply_overrides
 from qaudit.load.bridge.quant_recipe import recipe_from_node
+from qaudit.load.bridge.hydra_values import as_upstream_runs
 from qaudit.load.bridge.targets import refuse_foreign_targets
 from qaudit.load.config import ConfigSource, ModelConfig, SourceNote, config_from_mapping
 from qaudit.load.recipe import QuantRecipe
@@ -112,6 +113,7 @@ def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = 
     refuse_unknown_sections(document, display, {})
     origins, explicit, remarks = _overridden(document, display, overrides)
     refuse_foreign_targets(document, display, origins)
+    remarks += as_upstream_runs(document, display, origins)
     flat = flatten(document, display, origins, explicit, recipe_table)
     flat.info.explanations.extend(remarks)
     return _config(flat, path, display)
@@ -128,6 +130,7 @@ def load_object(obj: object, overrides: Sequence[Override | str] = ()
         refuse_unknown_sections(document, display, {})
     origins, explicit, remarks = _overridden(document, display, overrides)
     refuse_foreign_targets(document, display, origins, overridden_only=True)
+    remarks += as_upstream_runs(document, display, origins)
     flat = flatten(document, display, origins, explicit)
     flat.info.explanations.extend(remarks)
     if container_kind_of_object(document) == "qaudit":
