@@ -200,3 +200,19 @@ def test_an_empty_count_is_no_mtp_and_float_counts_are_refused_with_where(tmp_pa
         with pytest.raises(InputError) as error:
             load_inputs(str(SUPER), None, None, (argument,))
         assert where in error.value.message and argument in error.value.file
+
+
+# --- kv_channels: null is not set (issue 48, item 3) ------------------------------------------
+
+@pytest.mark.parametrize("kv, refused", [("", True), ("kv_channels: null\n", True),
+                                         ("kv_channels: 32\n", False)])
+def test_kv_channels_null_is_checked_as_absent(tmp_path, kv, refused):
+    """docs/upstream-checks.md: the head width must divide the hidden size when kv_channels is
+    not set, on every route; `null` skipped the check before (exit 0)."""
+    path = tmp_path / "model.yaml"
+    path.write_text(f"num_layers: 2\nhidden_size: 100\nnum_attention_heads: 3\n{kv}")
+    if refused:
+        with pytest.raises(InputError, match="must be divisible by num_attention_heads"):
+            _load(path)
+    else:
+        assert _load(path)[0].kv_channels == 32

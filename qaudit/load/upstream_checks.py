@@ -101,8 +101,9 @@ def check_upstream(config, mapping: YamlMap, fail: Fail) -> None:
         fail("fp16", "Only one of fp16 and bf16 should be True (TransformerConfig raises "
              "ValueError: \"Only one of self.fp16: True and self.bf16 True should be True.\")")
     heads = config.num_attention_heads
-    # validate_args: the default head width must divide the hidden size.
-    if "kv_channels" not in mapping and config.hidden_size % heads:
+    # validate_args: the default head width must divide the hidden size. `kv_channels: null`
+    # is not set, as on the command line (args.kv_channels is None either way).
+    if mapping.get("kv_channels") is None and config.hidden_size % heads:
         fail("hidden_size", f"hidden_size ({config.hidden_size}) must be divisible by "
              f"num_attention_heads ({heads}) when kv_channels is not set (Megatron's "
              "validate_args asserts it: the head width is hidden_size // num_attention_heads); "
