@@ -299,3 +299,50 @@ def test_the_model_field_refusals_hold_on_the_yaml_route(tmp_path, fields, words
     path.write_text(f"num_layers: 4\nhidden_size: 64\nnum_attention_heads: 4\n{fields}")
     with pytest.raises(InputError, match=words):
         _load(path)
+
+
+MCORE_CASES = {
+    "mtp with expert overlap": (dict(mtp_num_layers=2, overlap_moe_expert_parallel_comm=True,
+                                     expert_model_parallel_size=2, num_moe_experts=4,
+                                     moe_token_dispatcher_type="alltoall", bf16=True,
+                                     moe_ffn_hidden_size=64, add_bias_linear=False),
+                                "MTP supports at most one layer"),
+    "delayed with layernorm recompute": (dict(fp8="e4m3", fp8_recipe="delayed",
+                                              recompute_granularity="selective",
+                                              recompute_modules=["layernorm"]),
+                                         "Delayed scaling does not support moe_act"),
+    "defer at pp 1": (dict(defer_embedding_wgrad_compute=True, gradient_accumulation_fusion=True),
+                      "pipeline model parallel is not used"),
+    "defer without fusion": (dict(defer_embedding_wgrad_compute=True,
+                                  pipeline_model_parallel_size=2,
+                                  gradient_accumulation_fusion=False),
+                             "gradient accumulation fusion is not used"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("forget_megatron")
+@pytest.mark.parametrize("case", MCORE_CASES)
+def test_the_model_field_refusals_are_megatron_cores_own(megatron, tmp_path, case):
+    """The same fields through megatron-core 0.19.2's own TransformerConfig: refused with the
+    words qaudit quotes (and qaudit refuses the YAML of those fields)."""
+    import json
+
+    from qaudit.crosscheck.environment import upstream_environment
+    from qaudit.crosscheck.te_side import TESide
+
+    fields, words = MCORE_CASES[case]
+    base = dict(num_layers=4, hidden_size=64, num_attention_heads=4)
+    with upstream_environment(TESide("standin")):
+        import torch
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        # What upstream needs besides (not a YAML value): the pipeline's dtype.
+        extra = {"pipeline_dtype": torch.bfloat16} \
+            if fields.get("pipeline_model_parallel_size", 1) > 1 else {}
+        with pytest.raises((ValueError, AssertionError), match=words):
+            TransformerConfig(**base, **fields, **extra)
+    path = tmp_path / "model.yaml"
+    path.write_text(json.dumps({**base, **fields}))
+    with pytest.raises(InputError, match=words):
+        _load(path)
