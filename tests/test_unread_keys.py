@@ -346,3 +346,21 @@ def test_the_model_field_refusals_are_megatron_cores_own(megatron, tmp_path, cas
     path.write_text(json.dumps({**base, **fields}))
     with pytest.raises(InputError, match=words):
         _load(path)
+
+
+def test_the_header_says_the_start_up_checks_did_not_run_without_megatron(monkeypatch, capsys):
+    """Issue 48: without an importable Megatron the report said nothing about upstream's own
+    start-up checks; a launch script validate_args would refuse passed silently."""
+    import sys
+
+    from qaudit import cli
+
+    monkeypatch.setattr(sys, "argv", ["qaudit", "check", str(REPO / "configs" / "gpt-mtp-bf16.yaml"),
+                                      "--steps", "1", "--microbatches", "1", "--format", "json"])
+    with pytest.raises(SystemExit):
+        cli.main()
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    assert report["megatron"]["source"] == "assumed"
+    assert report["megatron"]["startup_checks"].startswith("not run (no Megatron importable)")
