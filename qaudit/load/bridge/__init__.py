@@ -16,7 +16,7 @@ from qaudit.load.bridge.mixed_precision import RecipeTable
 from qaudit.load.bridge.overrides import Override, apply_overrides
 from qaudit.load.bridge.quant_recipe import recipe_from_node
 from qaudit.load.bridge.hydra_values import as_upstream_runs
-from qaudit.load.bridge.targets import refuse_foreign_targets
+from qaudit.load.bridge.targets import refuse_foreign_targets, refuse_unknown_fields
 from qaudit.load.config import ConfigSource, ModelConfig, SourceNote, config_from_mapping
 from qaudit.load.recipe import QuantRecipe
 from qaudit.load.yamlio import YamlMap, load_yaml
@@ -113,6 +113,7 @@ def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = 
     refuse_unknown_sections(document, display, {})
     origins, explicit, remarks = _overridden(document, display, overrides)
     refuse_foreign_targets(document, display, origins)
+    refuse_unknown_fields(document, display, origins)
     remarks += as_upstream_runs(document, display, origins)
     flat = flatten(document, display, origins, explicit, recipe_table)
     flat.info.explanations.extend(remarks)

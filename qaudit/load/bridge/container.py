@@ -167,7 +167,7 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
                                "the audit", at, f"model.{key}"))
             continue
         raw = model_node.get(key) if isinstance(model_node, YamlMap) else None
-        if key not in MODELLED_FIELDS and (is_reference(raw) or (
+        if key in config_module.ACCEPTED_FIELDS and (is_reference(raw) or (
                 isinstance(raw, list) and raw and all(is_reference(item) for item in raw))):
             continue  # a dtype, function or enum the audit does not read: not handed on
         put(key, value, at)

@@ -72,3 +72,40 @@ def refuse_foreign_targets(document: YamlMap, display: str, origins: dict[str, W
                          "Bridge would import and instantiate that target at start-up; qaudit "
                          "never imports what an input names, and does not audit a section as "
                          "a class it is not", file=file, line=line, key=key)
+
+
+# The fields of the sections whose values the audit reads, besides the model: a key there
+# that is no field would be ignored here, while Bridge's instantiate of the section's class
+# fails on it (an unexpected keyword argument). MixedPrecisionConfig: Bridge 0.6.2's
+# training/mixed_precision.py (qaudit/load/bridge/mixed_precision.py DEFAULTS holds each);
+# CommOverlapConfig: training/comm_overlap.py (main 067f987; every corpus dump's keys agree).
+COMM_OVERLAP_FIELDS = frozenset({
+    "tp_comm_overlap", "tp_comm_overlap_cfg", "tp_comm_bootstrap_backend", "overlap_p2p_comm",
+    "batch_p2p_comm", "overlap_grad_reduce", "overlap_param_gather",
+    "overlap_param_gather_with_optimizer_step", "align_param_gather", "bucket_size",
+    "defer_embedding_wgrad_compute", "wgrad_deferral_limit", "data_parallel_size",
+    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+})
+
+
+def refuse_unknown_fields(document: YamlMap, display: str, origins: dict[str, Where]) -> None:
+    """A key of `mixed_precision` or `comm_overlap` (as a class node, written in a file) that
+    is no field of the class: exit 2 at its line, with the nearest field. Keys an override
+    adds are Bridge's business (_apply_overrides skips them with a warning)."""
+    from qaudit.load.bridge.mixed_precision import DEFAULTS
+    from qaudit.load.bridge.nodes import NODE_KEYS
+    from qaudit.load.yamlio import did_you_mean
+
+    for section, known in (("mixed_precision", frozenset(DEFAULTS)),
+                           ("comm_overlap", COMM_OVERLAP_FIELDS)):
+        node = document.get(section)
+        if not isinstance(node, YamlMap):
+            continue
+        for key in node:
+            if key in known or key in NODE_KEYS or f"{section}.{key}" in origins:
+                continue
+            hint = did_you_mean(key, known) if isinstance(key, str) else ""
+            raise InputError(f"not a field of {_describe(section)}{hint}: Bridge's instantiate "
+                             "of the section fails on it at start-up (an unexpected keyword "
+                             "argument), and nothing here would read it", file=display,
+                             line=node.line_of(key), key=f"{section}.{key}")
