@@ -411,7 +411,10 @@ def write_three_ways(folder: Path, fields: dict, flags: str,
         else:
             values[flag] = True
             i += 1
-    (folder / "model_config.yaml").write_text(json.dumps({"MODEL_ARGS": values}))
+    # An inference script's MODEL_ARGS file says so (its MODE), as upstream's do: the training
+    # scripts' parser refuses the inference options.
+    mode = {"MODE": "inference"} if "inference" in entry else {}
+    (folder / "model_config.yaml").write_text(json.dumps({**mode, "MODEL_ARGS": values}))
     line = " ".join(f"{k} {v}" if v is not True else k for k, v in values.items())
     (folder / "train.sh").write_text(f"#!/bin/bash\ntorchrun {entry} {line}\n")
     return ["model.yaml", "model_config.yaml", "train.sh"]

@@ -177,8 +177,10 @@ def test_json_report_shape(write_yaml):
     assert data["schema"] == "qaudit/1" and data["policy"] == "legacy"
     assert data["megatron"] == {"source": "assumed", "version": "0.19.2", "policy": "legacy",
                                 "label": "megatron-core 0.19.2", "location": None,
-                                "note": data["megatron"]["note"]}
+                                "note": data["megatron"]["note"],
+                                "startup_checks": data["megatron"]["startup_checks"]}
     assert "--megatron main" in data["megatron"]["note"]
+    assert data["megatron"]["startup_checks"].startswith("not run (no Megatron importable)")
     assert data["runtime"].startswith("reference")
     assert set(data["modules"][0]) >= {"name", "type", "precision", "recipe", "tracked",
                                        "accumulation", "calls_per_microbatch", "verdict"}

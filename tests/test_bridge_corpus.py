@@ -135,6 +135,13 @@ def test_a_quantized_recipe_never_audits_as_bf16(path, monkeypatch, capsys):
 def test_override_files_audit_on_their_models_dump(override, monkeypatch, capsys):
     base = next(DUMPS / dump for key, dump in OVERRIDE_BASES.items() if key in str(override))
     code, out, err = check(monkeypatch, capsys, str(base), "--override", str(override))
+    if "quantization/conf/" in str(override):
+        # Written for a Llama-3 8B recipe, applied here to gpt3_175b, whose comm_overlap
+        # defers the embedding wgrad: the file's gradient_accumulation_fusion False makes a
+        # run megatron-core refuses at start-up (issue 48), which is what qaudit says.
+        assert code == 2 and "Cannot defer embedding wgrad compute when gradient " \
+            "accumulation fusion is not used" in err, err
+        return
     assert code in (0, 1), err
 
 

@@ -157,15 +157,20 @@ def test_a_model_section_without_fields_is_exit_2(model, tmp_path):
     path = tmp_path / "n.yaml"
     path.write_text(yaml.safe_dump({"_target_": "megatron.bridge.training.config.ConfigContainer",
                                     "model": model, "mixed_precision": None}))
-    one_error_line(cli("check", str(path), *SMALL_RUN), "key 'model'", "no fields")
+    # Issue 48: a target that is no model provider is refused as such, before its fields.
+    words = ("key 'model'", "no fields") if model["_target_"].startswith("megatron.") \
+        else ("key 'model._target_'", "names 'x.Y', not a model provider")
+    one_error_line(cli("check", str(path), *SMALL_RUN), *words)
 
 
 @pytest.mark.parametrize("node", [{"_target_": "x.Y"}, {"_target_": "x.Y", "_call_": True},
                                   {"_target_": "torch.bfloat16", "_call_": False}],
                          ids=["class", "called", "dtype"])
 def test_a_mixed_precision_node_without_fields_is_exit_2(node, tmp_path):
+    # Issue 48: none of them is Bridge's MixedPrecisionConfig, which is refused first.
     one_error_line(cli("check", bridge_dump(tmp_path, mixed_precision=node), *SMALL_RUN),
-                   "key 'mixed_precision'", "no fields")
+                   "key 'mixed_precision._target_'", f"names '{node['_target_']}', not Bridge's "
+                   "MixedPrecisionConfig")
 
 
 def test_a_bare_mixed_precision_config_is_its_defaults(tmp_path):
@@ -178,7 +183,7 @@ def test_a_node_only_model_through_an_override_file_is_exit_2(tmp_path):
     """A `_target_` in an override file's section replaces the section (no key-by-key merge)."""
     (tmp_path / "o.yaml").write_text("model:\n  _target_: x.Y\n  _call_: false\n")
     one_error_line(cli("check", bridge_dump(tmp_path), "--override", str(tmp_path / "o.yaml"),
-                       *SMALL_RUN), "o.yaml:1", "key 'model'", "no fields")
+                       *SMALL_RUN), "o.yaml:2", "key 'model._target_'", "names 'x.Y'")
 
 
 # --- 5. the API's live objects: expansion counted by identity, the caller's errors named ------

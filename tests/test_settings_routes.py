@@ -108,7 +108,7 @@ def test_every_known_field_and_flag_gets_the_same_warning_on_both_routes(tmp_pat
     warn (so the walk cannot pass by warning about nothing)."""
     pairs = _flags_of_accepted_fields()
     assert len(pairs) > 200
-    warned = set()
+    warned, refused = set(), set()
     for flag, name, kind in pairs:
         value = _sample(kind)
         if name == "transformer_impl":
@@ -127,6 +127,8 @@ def test_every_known_field_and_flag_gets_the_same_warning_on_both_routes(tmp_pat
             continue
         assert yaml_refusal == flag_refusal, (flag, name)
         if yaml_refusal:
+            if "upstream refuses this at start-up" in yaml_refusal:
+                refused.add(name)  # e.g. deferral at pipeline size 1 (issue 48)
             continue
         assert _reasons(yaml_config) == _reasons(flag_config), (flag, name)
         if _reasons(yaml_config):
@@ -136,7 +138,7 @@ def test_every_known_field_and_flag_gets_the_same_warning_on_both_routes(tmp_pat
     in_table = {name for _, name, _ in pairs if name in UNMODELLED}
     # Predicates that reject the sample value (fp8_wgrad: only False warns; a size of 2 is
     # above one) still warn for their sample; every entry reachable by a flag warned.
-    assert in_table <= warned
+    assert in_table - refused <= warned and refused <= {"defer_embedding_wgrad_compute"}
     # is_hybrid_model warns only without a pattern (unmodelled.HYBRID_WITHOUT_PATTERN)
     assert warned <= set(UNMODELLED) | {"is_hybrid_model"}
 

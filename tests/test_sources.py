@@ -332,10 +332,11 @@ def test_megatron_entry_points_refuse_unknown_options(write, entry, written, nea
         assert "did you mean" not in error.value.message
 
 
-def test_model_args_files_keep_unknown_options_as_warnings(write):
-    """A MODEL_ARGS file does not say its entry script (inference tests add their own
-    options): an unknown option stays a QA090 warning."""
+def test_model_args_inference_files_keep_unknown_options_as_warnings(write):
+    """An inference test's MODEL_ARGS (MODE: inference) runs a script that adds options of its
+    own: an option Megatron's training parser does not know stays a QA090 warning."""
     path = write("model_config.yaml", """
+        MODE: inference
         MODEL_ARGS:
           --num-layers: 2
           --hidden-size: 64
@@ -344,6 +345,54 @@ def test_model_args_files_keep_unknown_options_as_warnings(write):
     """)
     notes = [n.message for n in load(path).source.notes]
     assert any(m.startswith("--top-n-logprobs: not an option") for m in notes)
+
+
+@pytest.mark.parametrize("typo, line, nearest", [
+    ("--mtp-num-layer: 2", 6, "--mtp-num-layers"),
+    ("--num-layer: 16", 6, "--num-layers")])
+def test_model_args_training_files_refuse_unknown_options(write, typo, line, nearest):
+    """Issue 48: a training MODEL_ARGS file (no MODE, or pretraining) goes to Megatron's
+    training parser, which stops at an unknown option; the typo is exit 2 at its line with the
+    nearest option, not a warning that drops the setting (MTP silently off before)."""
+    first = "" if typo.startswith("--num-layer:") else "  --num-layers: 2\n"
+    path = write("model_config.yaml", "ENV_VARS:\n  A: 1\nMODEL_ARGS:\n  --hidden-size: 64\n"
+                 f"  --num-attention-heads: 4\n  {typo}\n{first}  --mtp-use-repeated-layer: true\n")
+    with pytest.raises(InputError) as error:
+        load(path)
+    assert (error.value.line, error.value.key) == (line, typo.split(":")[0])
+    assert f"did you mean {nearest}?" in error.value.message
+    assert "unrecognized arguments" in error.value.message
+
+
+@pytest.mark.parametrize("folder, mode, held", [
+    ("test_cases/gpt/x", "", True), ("test_cases/gpt/x", "MODE: pretraining\n", True),
+    ("test_cases/gpt/x", "MODE: rl\n", False), ("test_cases/gpt/x", "MODE: inference\n", False),
+    ("test_cases/multimodal-llava/x", "", False), ("test_cases/mimo/x", "", False),
+    ("copies", "", True)])
+def test_model_args_entry_point_follows_mode_and_group(tmp_path, folder, mode, held):
+    """Which MODEL_ARGS files are held to the training parser: upstream's recipes run
+    pretrain_vlm.py for multimodal-llava, examples/mimo/train.py for mimo, inference and RL
+    scripts for those MODEs; each adds options of its own."""
+    path = tmp_path / folder / "model_config.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(f"{mode}MODEL_ARGS:\n  --num-layers: 2\n  --hidden-size: 64\n"
+                    "  --num-attention-heads: 4\n  --their-own-option: 1\n")
+    if held:
+        with pytest.raises(InputError, match="--their-own-option"):
+            load(str(path))
+    else:
+        assert any("--their-own-option" in n.message for n in load(str(path)).source.notes)
+
+
+def test_model_args_flextron_options_are_its_scripts(write):
+    """--flextron: the recipe runs pretrain_hybrid_flex.py, whose extra-args provider adds the
+    flextron options (known), and still refuses anything else."""
+    base = ("MODEL_ARGS:\n  --num-layers: 2\n  --hidden-size: 64\n  --num-attention-heads: 4\n"
+            "  --flextron: true\n  --router-beta: 1.0\n")
+    assert load(write("model_config.yaml", base)).num_layers == 2
+    with pytest.raises(InputError, match="did you mean --router-beta") as error:
+        load(write("model_config.yaml", base + "  --router-betta: 1.0\n"))
+    assert "pretrain_hybrid_flex.py" in error.value.message
 
 
 def test_transformer_impl_local_exits_2(write, monkeypatch, capsys):

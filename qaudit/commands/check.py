@@ -179,6 +179,11 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
                     steps=options.steps, microbatches=options.microbatches,
                     modules=rows, findings=findings,
                     megatron=megatron_target(options).to_dict(), te=te_target(options).to_dict())
+    if startup_status is None and not options.cross_check \
+            and report.megatron.get("source") == "assumed":
+        # Issue 48: say that upstream's own start-up checks did not run; qaudit's table of
+        # its refusals (docs/upstream-checks.md) is all that was applied.
+        startup_status = NOT_RUN_WITHOUT_MEGATRON
     if startup_status is not None:
         report.megatron["startup_checks"] = startup_status
     if run.facts.cross_check is not None:
@@ -191,6 +196,10 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
     if options.rank is not None:
         _keep_stage(report, config, options.rank)
     return report
+
+
+NOT_RUN_WITHOUT_MEGATRON = ("not run (no Megatron importable); qaudit's table of upstream's "
+                            "start-up refusals applied (docs/upstream-checks.md)")
 
 
 def _startup_status(config: ModelConfig, startup) -> str | None:

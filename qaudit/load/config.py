@@ -161,7 +161,30 @@ def load_model_config(path: Path, display: str | None = None) -> ModelConfig:
         if not isinstance(mapping, YamlMap):
             raise InputError(f"expected a mapping under 'model', got {type_name(mapping)}",
                              file=display, line=document.line_of("model"), key="model")
+        refuse_beside_model(document, display)
     return config_from_mapping(mapping, ConfigSource(display, path, mapping))
+
+
+def refuse_beside_model(document: YamlMap, display: str) -> None:
+    """A config that nests its fields under `model:` is read from there only: any other
+    top-level key would be ignored (a model field written beside `model:` would silently
+    drop out of the audit), so it is refused at its line."""
+    known = MODELLED_FIELDS | ACCEPTED_FIELDS
+    for key in document:
+        if key == "model":
+            continue
+        line = document.line_of(key)
+        if key in known:
+            raise InputError("a model field at the top level, beside 'model:', where nothing "
+                             "reads it: it belongs under `model:` (indent it there)",
+                             file=display, line=line, key=str(key))
+        close = did_you_mean(key, known | {"model"}) if isinstance(key, str) else ""
+        where = " (it belongs under `model:`)" if close and close != did_you_mean(
+            "model", {"model"}) else ""
+        raise InputError(f"unknown top-level key{close}{where}; a config that nests its fields "
+                         "under 'model:' has no other top-level key (a Megatron-Bridge "
+                         "ConfigContainer names itself with a top-level _target_)",
+                         file=display, line=line, key=str(key))
 
 
 def config_from_mapping(mapping: YamlMap, source: ConfigSource,

@@ -51,6 +51,9 @@ CHECKED_FIELDS: dict[str, tuple[str, Any]] = {
     "moe_router_padding_for_quantization": ("bool", False),
     "fp16": ("bool", False),
     "bf16": ("bool", False),
+    # Read only by the start-up refusals below (issue 48); Bridge's comm_overlap sets both.
+    "overlap_moe_expert_parallel_comm": ("bool", False),
+    "defer_embedding_wgrad_compute": ("bool", False),
 }
 
 Fail = Callable[[str, str], None]
@@ -101,8 +104,9 @@ def check_upstream(config, mapping: YamlMap, fail: Fail) -> None:
         fail("fp16", "Only one of fp16 and bf16 should be True (TransformerConfig raises "
              "ValueError: \"Only one of self.fp16: True and self.bf16 True should be True.\")")
     heads = config.num_attention_heads
-    # validate_args: the default head width must divide the hidden size.
-    if "kv_channels" not in mapping and config.hidden_size % heads:
+    # validate_args: the default head width must divide the hidden size. `kv_channels: null`
+    # is not set, as on the command line (args.kv_channels is None either way).
+    if mapping.get("kv_channels") is None and config.hidden_size % heads:
         fail("hidden_size", f"hidden_size ({config.hidden_size}) must be divisible by "
              f"num_attention_heads ({heads}) when kv_channels is not set (Megatron's "
              "validate_args asserts it: the head width is hidden_size // num_attention_heads); "
@@ -118,6 +122,47 @@ def check_upstream(config, mapping: YamlMap, fail: Fail) -> None:
                  f"divisor of tensor_model_parallel_size ({tp}) (TransformerConfig rejects it)")
     _check_moe(config, mapping, values, known, fail)
     _check_recompute(config, mapping, fail)
+    _check_startup(config, mapping, values, known, fail)
+
+
+# What megatron-core 0.19.2 refuses at start-up about settings the audit otherwise only notes
+# (issue 48): upstream's words, and where (docs/upstream-checks.md, "Start-up refusals").
+MTP_WITH_EP_OVERLAP = ("MTP supports at most one layer when enabling "
+                       "overlap_moe_expert_parallel_comm.")
+DELAYED_RECOMPUTE = "Delayed scaling does not support moe_act and layernorm recompute for fp8."
+DEFER_WITHOUT_PP = "Cannot defer embedding wgrad compute when pipeline model parallel is not used"
+DEFER_WITHOUT_FUSION = ("Cannot defer embedding wgrad compute when gradient accumulation fusion "
+                        "is not used")
+
+
+def _check_startup(config, mapping: YamlMap, values: dict, known: Callable[..., bool],
+                   fail: Fail) -> None:
+    def refuse(key: str, words: str, where: str) -> None:
+        fail(key, f"upstream refuses this at start-up: \"{words}\" ({where}, megatron-core "
+             "0.19.2)")
+
+    # transformer_config.py:2709-2713, in __post_init__'s overlap_moe_expert_parallel_comm
+    # block (Bridge's CommOverlapConfig.setup asserts the same first, comm_overlap.py).
+    if known("overlap_moe_expert_parallel_comm") and values["overlap_moe_expert_parallel_comm"] \
+            and config.mtp_depths > 1:
+        key = "overlap_moe_expert_parallel_comm" if "overlap_moe_expert_parallel_comm" \
+            in mapping else "mtp_num_layers"
+        refuse(key, MTP_WITH_EP_OVERLAP, "TransformerConfig.__post_init__, "
+               "transformer_config.py:2709")
+    # transformer_config.py:1821-1826: selective recompute of moe_act/layernorm under fp8.
+    if config.fp8 and config.fp8_recipe == "delayed" \
+            and config.recompute_granularity == "selective" \
+            and {"moe_act", "layernorm"} & set(config.recompute_modules or []):
+        refuse("recompute_modules", DELAYED_RECOMPUTE, "TransformerConfig.__post_init__, "
+               "transformer_config.py:1823")
+    # model_parallel_config.py:545-553 (ModelParallelConfig.__post_init__), in that order.
+    if known("defer_embedding_wgrad_compute") and values["defer_embedding_wgrad_compute"]:
+        if config.pipeline_model_parallel_size == 1:
+            refuse("defer_embedding_wgrad_compute", DEFER_WITHOUT_PP,
+                   "ModelParallelConfig.__post_init__, model_parallel_config.py:545")
+        if not config.gradient_accumulation_fusion:
+            refuse("defer_embedding_wgrad_compute", DEFER_WITHOUT_FUSION,
+                   "ModelParallelConfig.__post_init__, model_parallel_config.py:550")
 
 
 def _check_moe(config, mapping: YamlMap, values: dict, known: Callable[..., bool],

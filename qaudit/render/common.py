@@ -429,6 +429,8 @@ def _target_text(target: object, option: str) -> str | None:
                                         else "") + (f"; {note}" if note else "")
     else:
         how = "assumed" + (f": {note}" if note else "")
+        if target.get("startup_checks"):
+            how += f"; start-up checks: {target['startup_checks']}"
     return printable(f"{label} ({how})")
 
 

@@ -15,6 +15,8 @@ from qaudit.load.bridge.container import Flat, container_kind, flatten
 from qaudit.load.bridge.mixed_precision import RecipeTable
 from qaudit.load.bridge.overrides import Override, apply_overrides
 from qaudit.load.bridge.quant_recipe import recipe_from_node
+from qaudit.load.bridge.hydra_values import as_upstream_runs
+from qaudit.load.bridge.targets import refuse_foreign_targets, refuse_unknown_fields
 from qaudit.load.config import ConfigSource, ModelConfig, SourceNote, config_from_mapping
 from qaudit.load.recipe import QuantRecipe
 from qaudit.load.yamlio import YamlMap, load_yaml
@@ -41,6 +43,26 @@ SECTIONS = frozenset({
     "inprocess_restart", "tensor_inspect", "env_vars", "optimizer_config_override_provider",
     "distill", "kd_config",
 })
+
+
+def refuse_unknown_sections(document: YamlMap, display: str,
+                            origins: dict[str, tuple[str, int | None]]) -> None:
+    """A top-level key that is no ConfigContainer field: Bridge's ConfigContainer would not
+    take it, and nothing here reads it (a model field there would silently leave the audit).
+    Keys an override adds are Bridge's business (_apply_overrides skips them with a warning)."""
+    from qaudit.load.config import ACCEPTED_FIELDS, MODELLED_FIELDS
+    from qaudit.load.yamlio import did_you_mean
+
+    for key in document:
+        if key == "_target_" or key in SECTIONS or key in origins:
+            continue
+        line = document.line_of(key)
+        if key in MODELLED_FIELDS | ACCEPTED_FIELDS:
+            raise InputError("a model field at the top level, where nothing reads it: it "
+                             "belongs under `model:`", file=display, line=line, key=str(key))
+        close = did_you_mean(key, SECTIONS) if isinstance(key, str) else ""
+        raise InputError(f"not a ConfigContainer section{close}; the sections are "
+                         f"{', '.join(sorted(SECTIONS))}", file=display, line=line, key=str(key))
 
 
 def refuse_override_file(path: Path, display: str) -> None:
@@ -88,7 +110,11 @@ def load_bridge(path: Path, display: str, overrides: Sequence[Override | str] = 
     if not isinstance(document, YamlMap) or container_kind(document) is None:
         raise InputError("not a Megatron-Bridge ConfigContainer YAML (no top-level _target_ "
                          "naming a ConfigContainer)", file=display, line=1, key="_target_")
+    refuse_unknown_sections(document, display, {})
     origins, explicit, remarks = _overridden(document, display, overrides)
+    refuse_foreign_targets(document, display, origins)
+    refuse_unknown_fields(document, display, origins)
+    remarks += as_upstream_runs(document, display, origins)
     flat = flatten(document, display, origins, explicit, recipe_table)
     flat.info.explanations.extend(remarks)
     return _config(flat, path, display)
@@ -101,7 +127,11 @@ def load_object(obj: object, overrides: Sequence[Override | str] = ()
 
     display = label_of(obj)
     document = document_of(obj)
+    if container_kind_of_object(document) == "qaudit":  # a mapping or provider we wrapped
+        refuse_unknown_sections(document, display, {})
     origins, explicit, remarks = _overridden(document, display, overrides)
+    refuse_foreign_targets(document, display, origins, overridden_only=True)
+    remarks += as_upstream_runs(document, display, origins)
     flat = flatten(document, display, origins, explicit)
     flat.info.explanations.extend(remarks)
     if container_kind_of_object(document) == "qaudit":

@@ -23,6 +23,7 @@ from qaudit.load import config as config_module
 from qaudit.load.config import MODELLED_FIELDS
 from qaudit.load.unmodelled import no_effect_reason
 from qaudit.load.bridge.provider import Provider, classify
+from qaudit.load.bridge.startup import refuse_at_startup
 from qaudit.load.yamlio import YamlMap, short_repr, type_name
 
 Where = tuple[str, "int | None"]
@@ -166,7 +167,7 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
                                "the audit", at, f"model.{key}"))
             continue
         raw = model_node.get(key) if isinstance(model_node, YamlMap) else None
-        if key not in MODELLED_FIELDS and (is_reference(raw) or (
+        if key in config_module.ACCEPTED_FIELDS and (is_reference(raw) or (
                 isinstance(raw, list) and raw and all(is_reference(item) for item in raw))):
             continue  # a dtype, function or enum the audit does not read: not handed on
         put(key, value, at)
@@ -188,9 +189,10 @@ def flatten(document: YamlMap, display: str, origins: dict[str, Where],
         if key not in flat.mapping:
             put(key, value, (display, model.line_of("_target_")))
     _compose_mtp_pattern(model, flat, put, where)
-    _apply_mixed_precision(document, display, flat, put, where, explicit, model,
-                           recipe_table or (lambda: mp.QAUDIT_TABLE))
+    precision = _apply_mixed_precision(document, display, flat, put, where, explicit, model,
+                                       recipe_table or (lambda: mp.QAUDIT_TABLE))
     _apply_parallel_sections(document, flat, put, where)
+    refuse_at_startup(document, flat.mapping, where, precision)
     _sequence_parallel_needs_tp(flat, put, where, model)
     _resolve_fusion(flat, model, explicit, display, where)
     return flat
@@ -243,10 +245,13 @@ def _compose_mtp_pattern(model: YamlMap, flat: Flat, put, where) -> None:
 
 def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, where,
                            explicit: set[str], model: YamlMap,
-                           recipe_table: Callable[[], mp.RecipeTable]) -> None:
+                           recipe_table: Callable[[], mp.RecipeTable]
+                           ) -> tuple[dict[str, Any], dict[str, Where]] | None:
+    """The section's values as Bridge finalizes them, and where each was set, for the
+    start-up checks (None without a section)."""
     node = document.get("mixed_precision")
     if node is None:
-        return
+        return None
     at_section = where("mixed_precision", document, "mixed_precision")
     key_of: dict[str, Where] = {}
     if isinstance(node, str):
@@ -297,6 +302,7 @@ def _apply_mixed_precision(document: YamlMap, display: str, flat: Flat, put, whe
                 f"is replaced by mixed_precision's {value!r}: Bridge's runtime_config_update "
                 "copies the section onto the model; override mixed_precision instead")
         put(name, value, at)
+    return values, {name: key_of.get(name, at_section) for name in values}
 
 
 def _mixed_precision_fields(node: YamlMap, at: Where) -> YamlMap:
@@ -422,6 +428,16 @@ def _resolve_fusion(flat: Flat, model: YamlMap, explicit: set[str], display: str
         flat.mapping[key] = True
         info.explanations.append(f"{key}: not in the file; audited as true, what the provider's "
                                  "default resolves to on a GPU machine with Transformer Engine")
+    elif value is False and flat.mapping.get("defer_embedding_wgrad_compute") is True:
+        # The recipe's own false could not start (ModelParallelConfig refuses deferral
+        # without the fusion): only the probe's false, which the GPU job turns true, runs.
+        flat.mapping[key] = True
+        flat.mapping.key_lines[key] = at[1]
+        info.explanations.append(
+            f"{key}: false in the file, with defer_embedding_wgrad_compute on: as the recipe's "
+            "choice it could not start (megatron-core: \"Cannot defer embedding wgrad compute "
+            "when gradient accumulation fusion is not used\"), so it is the build machine's "
+            "probe, which the GPU job resolves to true: audited as true")
     elif value is False:
         info.alternatives[key] = [True, False]
         flat.mapping[key] = True

@@ -9,9 +9,9 @@ verdict, and where Bridge puts them on the model.
   model (False when the section leaves them null; tp_comm_overlap only with TP >= 2 and
   sequence parallelism), and its non-null overlap_* values over the DDP ones (with the
   distributed optimizer). Bridge v0.6.0 `training/comm_overlap.py`.
-- Everything else (dataset, logger, tokenizer, scheduler, checkpoint, rng, train, optimizer,
-  profiling, validation, env_vars...) cannot change which TE modules run, how often, or how
-  their gradients land: skipped without a word.
+- Everything else (SKIPPED_SECTIONS: dataset, logger, tokenizer, scheduler, checkpoint, rng,
+  train, profiling, validation, env_vars...) cannot change which TE modules run, how often,
+  or how their gradients land: deliberately not read. Any other top-level key is refused.
 """
 
 from __future__ import annotations
@@ -20,13 +20,20 @@ from typing import Any
 
 from qaudit.load.yamlio import YamlMap
 
-# Sections that never change a verdict (Bridge v0.6.0 ConfigContainer fields).
+# ConfigContainer sections deliberately not read: none can change which TE modules run, how
+# often, or how their gradients land (docs/bridge.md lists them; a test holds the list against
+# this set and qaudit/load/bridge SECTIONS). `distill`/`kd_config` (a distillation teacher) are
+# a second model: only the student is audited, as on the launch-script route.
 SKIPPED_SECTIONS = frozenset({
-    "train", "validation", "optimizer", "optimizer_config_override_provider", "scheduler",
-    "dataset", "logger", "tokenizer", "checkpoint", "rng", "profiling", "rerun_state_machine",
+    "train", "validation", "optimizer_config_override_provider", "scheduler", "dataset",
+    "data", "logger", "tokenizer", "checkpoint", "rng", "profiling", "rerun_state_machine",
     "straggler", "nvrx_straggler", "ft", "inprocess_restart", "env_vars", "tensor_inspect",
-    "data", "dist_train", "perf_matrix",
+    "distill", "kd_config",
 })
+# Sections read: the model, what Bridge copies onto it (mixed_precision, comm_overlap), the
+# DDP/dist settings, the optimizer's settings shown to change nothing (QA091) and peft (named).
+READ_SECTIONS = frozenset({"model", "mixed_precision", "comm_overlap", "ddp", "dist",
+                           "optimizer", "peft"})
 
 # DDP / dist keys named in QA090 when on: (section, key) -> why. The overlap switches are
 # read and shown to change nothing (qaudit/load/unmodelled.py NO_EFFECT, QA091).

@@ -19,10 +19,10 @@ from typing import Mapping
 from qaudit.load.config import ConfigSource, ModelConfig, config_from_mapping
 from qaudit.errors import InputError
 from qaudit.load.sources.argv import split_argv
-from qaudit.load.sources.entry import entry_of
+from qaudit.load.sources.entry import entry_of, model_args_entry
 from qaudit.load.sources.launch_script import launch_script_words, looks_like_launch_script
 from qaudit.load.sources.model_args import (is_inference_test, model_args_environment,
-                                            model_args_words, read_model_args_file)
+                                            model_args_words, read_model_args_file, test_mode)
 from qaudit.load.sources.translate import translate
 from qaudit.load.yamlio import read_text
 
@@ -43,6 +43,7 @@ def load_source_config(path: Path, display: str,
         if "\x00" in text:
             raise InputError("binary data (NUL byte), expected a bash script", file=display)
         words, notes, script = launch_script_words(text, display, variables)
+        entry = entry_of(script, display)
     elif path.suffix in (".yaml", ".yml") or not path.suffix:
         sections = read_model_args_file(path, display)
         if sections is None:
@@ -50,10 +51,12 @@ def load_source_config(path: Path, display: str,
         words, notes = model_args_words(sections, display, variables)
         environment = model_args_environment(sections)
         inference_test = is_inference_test(sections)
-        script = None  # the functional-test recipe, not this file, names the entry script
+        # The functional-test recipe, not this file, names the entry script.
+        entry = model_args_entry(display, test_mode(sections),
+                                 {e.key for e in sections["MODEL_ARGS"]})
     else:
         return None
-    result = translate(split_argv(words), display, entry_of(script, display))
+    result = translate(split_argv(words), display, entry)
     _resolve_recipe(result.mapping, path, display)
     source = ConfigSource(display, path, result.mapping, notes + result.notes, argv=list(words),
                           environment=environment, inference_test=inference_test)

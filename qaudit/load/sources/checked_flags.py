@@ -38,6 +38,8 @@ CHECKED_FLAGS: dict[str, tuple[str, Callable[[list[str]], Any] | None, Any]] = {
                                               True),
     "--fp16": ("fp16", None, True),
     "--bf16": ("bf16", None, True),
+    "--overlap-moe-expert-parallel-comm": ("overlap_moe_expert_parallel_comm", None, True),
+    "--defer-embedding-wgrad-compute": ("defer_embedding_wgrad_compute", None, True),
 }
 
 

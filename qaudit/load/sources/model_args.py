@@ -137,11 +137,16 @@ def _scalar_text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def is_inference_test(sections: dict[str, list[Entry]]) -> bool:
-    """`MODE: inference`: the runner starts one of upstream's inference scripts."""
+def test_mode(sections: dict[str, list[Entry]]) -> str | None:
+    """The file's `MODE` (inference, rl, pretraining), None when it has none."""
     mode = sections.get("MODE", [])
     node = mode[0].value if mode else None
-    return isinstance(node, yaml.ScalarNode) and node.value == "inference"
+    return node.value if isinstance(node, yaml.ScalarNode) else None
+
+
+def is_inference_test(sections: dict[str, list[Entry]]) -> bool:
+    """`MODE: inference`: the runner starts one of upstream's inference scripts."""
+    return test_mode(sections) == "inference"
 
 
 def model_args_environment(sections: dict[str, list[Entry]]) -> dict[str, str]:
