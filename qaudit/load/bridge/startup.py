@@ -4,15 +4,15 @@ route shares are qaudit/load/upstream_checks.py's; docs/upstream-checks.md lists
 the upstream file, line and release each was read from.
 
 - Megatron-FSDP saving or loading a checkpoint in another format than `fsdp_dtensor`:
-  `ConfigContainer._validate_and_apply_megatron_fsdp_v1_configs` asserts it
-  (Megatron-Bridge main 067f987, src/megatron/bridge/training/config.py:1105-1109; the
-  command line's validate_args asserts it whenever Megatron-FSDP is on).
+  `ConfigContainer._validate_and_apply_megatron_fsdp_configs` asserts it (Megatron-Bridge
+  0.6.2's wheel, src/megatron/bridge/training/config.py:1097-1101; main 067f987 has the same
+  at 1105-1109; the command line's validate_args asserts it whenever Megatron-FSDP is on).
 - `reuse_grad_buf_for_mxfp8_param_ag` without `fp8_param_gather`:
   `DistributedDataParallelConfig.__post_init__` (megatron-core 0.19.2,
   core/distributed/distributed_data_parallel_config.py:253-254). Bridge's
   `MixedPrecisionConfig.setup` copies both fields onto the DDP config (0.6.2,
   training/mixed_precision.py `update_config_with_precision_overrides`), so the section's
-  values decide; under Megatron-FSDP Bridge turns the reuse off first (config.py:1098-1102).
+  values decide; under Megatron-FSDP Bridge turns the reuse off first (0.6.2, config.py:1090-1094).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def refuse_at_startup(document: YamlMap, mapping: YamlMap, where,
             at = where("checkpoint.ckpt_format", checkpoint, "ckpt_format") \
                 if "ckpt_format" in checkpoint else where("checkpoint", document, "checkpoint")
             _refuse(at, "checkpoint.ckpt_format", FSDP_CHECKPOINT,
-                    "Megatron-Bridge ConfigContainer validation, training/config.py:1107 at "
-                    "main 067f987, with Megatron-FSDP and a checkpoint to save or load")
+                    "Megatron-Bridge ConfigContainer validation, training/config.py:1099 in "
+                    "0.6.2, with Megatron-FSDP and a checkpoint to save or load")
     if fsdp:
         return  # Bridge deactivates the buffer reuse under Megatron-FSDP
     reuse_name, gather_name = "reuse_grad_buf_for_mxfp8_param_ag", "fp8_param_gather"
