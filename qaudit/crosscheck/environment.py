@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 
 from qaudit.crosscheck import standin_gemm, standin_mamba, standin_te
+from qaudit.crosscheck.environ_vars import temporarily_set
 from qaudit.errors import EnvironmentProblem
 
 if TYPE_CHECKING:
@@ -368,16 +369,8 @@ def unfused_attention_only(utils: types.ModuleType) -> None:
         return
 
     def get_attention_backend(*args: Any, **kwargs: Any) -> Any:
-        saved = {name: os.environ.get(name) for name in ATTENTION_SWITCHES}
-        os.environ.update(ATTENTION_SWITCHES)
-        try:
+        with temporarily_set(ATTENTION_SWITCHES):
             return choose(*args, **kwargs)
-        finally:
-            for name, value in saved.items():
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
 
     get_attention_backend.__qaudit_standin__ = True
     get_attention_backend.__wrapped__ = choose

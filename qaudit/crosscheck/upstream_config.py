@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
 
+from qaudit.crosscheck.environ_vars import temporarily_set
 from qaudit.load.config import MODELLED_FIELDS, ModelConfig
 from qaudit.plan.dims import model_dims
 from qaudit.load.yamlio import YamlList, YamlMap
@@ -279,7 +279,7 @@ def upstream_arguments(argv: list[str], environment: dict[str, str] | None = Non
     with contextlib.redirect_stdout(io.StringIO()), _cpu_answers(arguments), mode:
         args = _parse(arguments, argv)  # first for the parallel sizes, ...
         # A MODEL_ARGS file's ENV_VARS are the runner's environment (validate_args reads some).
-        with _environment(**{**(environment or {}), "WORLD_SIZE": str(world_size_for(args)),
+        with temporarily_set({**(environment or {}), "WORLD_SIZE": str(world_size_for(args)),
                              "RANK": "0"}):
             args = _parse(arguments, argv)  # ... then with the world they need
             try:
@@ -321,18 +321,6 @@ def _parse(arguments: Any, argv: list[str]) -> Any:
         sys.argv = saved
 
 
-@contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @contextlib.contextmanager
