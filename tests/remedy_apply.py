@@ -67,6 +67,13 @@ def apply(fix: str, path: Path, overrides: tuple[str, ...] = ()) -> tuple[str, .
     """Apply the first remedy of `fix` to `path` (edited in place) or to the Bridge override
     arguments; returns the overrides to audit with."""
     remedy = first_remedy(fix)
+    if m := re.match(r"only together with \w+ off \([^)]*\): (.*?) \(", remedy):
+        # Two edits: those at a line first, the later line first, so no edit moves another's.
+        edits = m[1].split(" and ")
+        at_line = [int(n[1]) if (n := re.search(r" at line (\d+)$", e)) else 0 for e in edits]
+        for _, edit in sorted(zip(at_line, edits), key=lambda pair: -pair[0]):
+            overrides = apply(f"{edit} (as printed)", path, overrides)
+        return overrides
     lines = path.read_text(encoding="utf-8").splitlines()
     if m := re.match(r"set (\w+): (\S+) under model: \(", remedy):
         _set_under(lines, "model", m[1], m[2])

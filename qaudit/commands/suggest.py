@@ -67,7 +67,12 @@ def _name(remedy: Remedy, pattern: str | None) -> str:
 def _paste(config: ModelConfig, remedy: Remedy, pattern: str | None) -> str:
     """What the user pastes: the setting in the input's own syntax, or the recipe entries."""
     if remedy.setting is not None:
-        return remedies.snippet(config, *remedy.setting)
+        pasted = remedies.snippet(config, *remedy.setting)
+        kept = remedies.refused_with(config, remedy)
+        if kept is not None:  # upstream refuses the one without the other at start-up
+            pasted += "\n# and: " + remedies.switched_off(config, kept,
+                                                        "--defer-embedding-wgrad-compute")
+        return pasted
     if remedy.name.startswith("Megatron-LM main"):
         return "# no config change: upgrade Megatron-LM"
     if pattern is None:

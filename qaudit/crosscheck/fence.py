@@ -14,10 +14,15 @@ The worker is a fork of qaudit with the same user, so by default the kernel lets
   dropped (the bounding and ambient sets too, so root's CAP_SYS_PTRACE, CAP_KILL and
   CAP_DAC_OVERRIDE are gone and an exec cannot bring them back); and a seccomp filter that
   refuses with EPERM: ptrace, process_vm_readv/writev, pidfd_getfd, pidfd_send_signal,
-  tkill, setsid, setpgid (nothing it starts can leave the group qaudit kills), the
-  terminal-injection ioctl TIOCSTI, other ABIs' system calls, and any signal (kill,
-  tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo) to a process outside the worker itself and
-  its group.
+  tkill, the terminal-injection ioctl TIOCSTI, other ABIs' system calls, and any signal
+  (kill, tgkill, rt_sigqueueinfo, rt_tgsigqueueinfo) to qaudit, to qaudit's process group,
+  or to every process (-1).
+
+Upstream code legitimately starts and manages processes of its own (torch's compile runs
+ninja, which puts each job in its own process group and signals it; subprocess timeouts kill
+their child), so the worker's own children may still be signalled and may leave its group
+(setsid, setpgid): such a grandchild outlives a timed-out worker's group kill, which
+docs/security.md says.
 
 Each step is best effort: where the kernel refuses one (no seccomp, an unknown architecture,
 not Linux), the others still hold; docs/security.md says what holds where.
@@ -47,15 +52,15 @@ TIOCSTI = 0x5412
 _ARCHES = {
     "x86_64": dict(arch=0xC000003E, x32=True, ptrace=101, process_vm_readv=310,
                    process_vm_writev=311, pidfd_getfd=438, pidfd_send_signal=424, tkill=200,
-                   setsid=112, setpgid=109, ioctl=16, kill=62, rt_sigqueueinfo=129,
+                   ioctl=16, kill=62, rt_sigqueueinfo=129,
                    tgkill=234, rt_tgsigqueueinfo=297),
     "aarch64": dict(arch=0xC00000B7, x32=False, ptrace=117, process_vm_readv=270,
                     process_vm_writev=271, pidfd_getfd=438, pidfd_send_signal=424, tkill=130,
-                    setsid=157, setpgid=154, ioctl=29, kill=129, rt_sigqueueinfo=138,
+                    ioctl=29, kill=129, rt_sigqueueinfo=138,
                     tgkill=131, rt_tgsigqueueinfo=240),
 }
 _DENIED = ("ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd",
-           "pidfd_send_signal", "tkill", "setsid", "setpgid")
+           "pidfd_send_signal", "tkill")
 
 
 def _libc():
@@ -172,7 +177,8 @@ def _seccomp() -> bool:
     numbers = _ARCHES.get(platform.machine())
     if numbers is None:
         return False
-    program = _filter(numbers, os.getpid())
+    parent = os.getppid()
+    program = _filter(numbers, parent, os.getpgid(parent))
     buffer = ctypes.create_string_buffer(b"".join(program), len(program) * 8)
 
     class SockFprog(ctypes.Structure):
@@ -190,7 +196,7 @@ _ALLOW, _DENY = 0x7FFF0000, 0x00050000 | errno.EPERM
 _NR, _ARCH, _ARG0, _ARG1 = 0, 4, 16, 24  # offsets in struct seccomp_data (low words)
 
 
-def _filter(numbers: dict, worker: int) -> list[bytes]:
+def _filter(numbers: dict, parent: int, parent_group: int) -> list[bytes]:
     """A classic BPF program; jumps are written to the labels "allow" and "deny"."""
     code: list[tuple] = [(_LD_ABS, 0, 0, _ARCH), (_JEQ, 0, "deny", numbers["arch"]),
                          (_LD_ABS, 0, 0, _NR)]
@@ -198,17 +204,19 @@ def _filter(numbers: dict, worker: int) -> list[bytes]:
         code.append((_JGE, "deny", 0, 0x40000000))
     for name in _DENIED:
         code.append((_JEQ, "deny", 0, numbers[name]))
-    mine = {0, worker, (-worker) & 0xFFFFFFFF}
+    # qaudit, its process group, every process; pids compared as seccomp sees the low word.
+    qaudits = {parent, (-parent) & 0xFFFFFFFF, (-parent_group) & 0xFFFFFFFF, 0xFFFFFFFF}
 
-    def first_argument_in(values: set[int]) -> list[tuple]:
+    def first_argument_not_in(values: set[int]) -> list[tuple]:
         checks = [(_LD_ABS, 0, 0, _ARG0)]
-        checks += [(_JEQ, "allow", 0, value) for value in sorted(values)]
-        return checks + [(_RET, 0, 0, _DENY)]
+        checks += [(_JEQ, "deny", 0, value) for value in sorted(values)]
+        return checks + [(_RET, 0, 0, _ALLOW)]
 
     # Each signalling call jumps over the others' checks to its own block.
-    blocks = [("kill", first_argument_in(mine)), ("rt_sigqueueinfo", first_argument_in(mine)),
-              ("tgkill", first_argument_in({worker})),
-              ("rt_tgsigqueueinfo", first_argument_in({worker})),
+    blocks = [("kill", first_argument_not_in(qaudits)),
+              ("rt_sigqueueinfo", first_argument_not_in(qaudits)),
+              ("tgkill", first_argument_not_in({parent})),
+              ("rt_tgsigqueueinfo", first_argument_not_in({parent})),
               ("ioctl", [(_LD_ABS, 0, 0, _ARG1), (_JEQ, "deny", "allow", TIOCSTI)])]
     dispatch_at = len(code)
     code += [None] * len(blocks) + [(_RET, 0, 0, _ALLOW)]

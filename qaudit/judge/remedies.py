@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from qaudit.judge.remedy_syntax import (CONFIG_FROM_FLAGS, flag_for, python_value, route,
-                                        snippet, written)
+                                        snippet, switched_off, written)
 from qaudit.load.config import ModelConfig
+from qaudit.load.upstream_checks import checked_value
 from qaudit.plan.sizes import model_params, mtp_depth_params
 
 __all__ = ["Remedy", "cheapest_first", "fix_line", "needs_code_change", "route", "snippet",
@@ -61,6 +62,18 @@ def needs_code_change(config: ModelConfig | None, remedy: Remedy) -> bool:
         return True
     return config is not None and route(config) == "flags" \
         and flag_for(*remedy.setting) is None
+
+
+def refused_with(config: ModelConfig | None, remedy: Remedy) -> str | None:
+    """The setting this input keeps that makes upstream refuse the remedy at start-up, if
+    any: deferred embedding wgrad needs fused accumulation (megatron-core
+    model_parallel_config.py:550), so turning fusion off alone would not start."""
+    if config is None or remedy.setting != ("gradient_accumulation_fusion", False):
+        return None
+    source = config.source
+    deferred = checked_value(source.mapping if source is not None else None,
+                             "defer_embedding_wgrad_compute")
+    return "defer_embedding_wgrad_compute" if deferred is True else None
 
 
 def _order_key(config: ModelConfig | None, remedy: Remedy) -> tuple:
@@ -225,6 +238,11 @@ def fix_line(config: ModelConfig, remedies: Iterable[Remedy]) -> str:
             parts.append(f"needs a code change: no Megatron-LM flag sets {key}; set it to "
                          f"{python_value(value)} on the TransformerConfig in "
                          f"{CONFIG_FROM_FLAGS} ({remedy.why}; {remedy.short})")
+        elif (kept := refused_with(config, remedy)) is not None:
+            parts.append(f"only together with {kept} off (upstream refuses deferred embedding "
+                         f"wgrad without fused accumulation): {written(config, *remedy.setting)}"
+                         f" and {switched_off(config, kept, '--defer-embedding-wgrad-compute')}"
+                         f" ({remedy.why}; {remedy.short})")
         else:
             parts.append(f"{written(config, *remedy.setting)} ({remedy.why}; {remedy.short})")
     return "; or ".join(parts)

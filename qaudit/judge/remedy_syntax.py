@@ -163,6 +163,17 @@ def _override(config: ModelConfig, key: str, value: Any) -> str:
     return f"{prefix}{_BRIDGE_SECTION.get(key, 'model')}.{key}={_yaml_value(value)}"
 
 
+def switched_off(config: ModelConfig, key: str, flag: str) -> str:
+    """`key` set false, as written in this input: on a launch script or MODEL_ARGS the
+    store_true `flag` removed (where the file's line holds it), else as `written` says."""
+    if route(config) != "flags":
+        return written(config, key, False)
+    present = _word_of(config, flag)
+    where = f" at line {present.line}" if present else ""
+    return f"remove {flag} from {'MODEL_ARGS' if _model_args(config) else 'the launch command'}" \
+        f"{where}"
+
+
 def written(config: ModelConfig, key: str, value: Any) -> str:
     """`key` set to `value`, as the user would write it in this config's input and where."""
     kind = route(config)
