@@ -68,10 +68,9 @@ def _paste(config: ModelConfig, remedy: Remedy, pattern: str | None) -> str:
     """What the user pastes: the setting in the input's own syntax, or the recipe entries."""
     if remedy.setting is not None:
         pasted = remedies.snippet(config, *remedy.setting)
-        kept = remedies.refused_with(config, remedy)
-        if kept is not None:  # upstream refuses the one without the other at start-up
-            pasted += "\n# and: " + remedies.switched_off(config, kept,
-                                                        "--defer-embedding-wgrad-compute")
+        second = remedies.also_needed(config, remedy)
+        if second is not None:  # upstream refuses the one without the other at start-up
+            pasted += "\n# and: " + second
         return pasted
     if remedy.name.startswith("Megatron-LM main"):
         return "# no config change: upgrade Megatron-LM"

@@ -64,6 +64,10 @@ def needs_code_change(config: ModelConfig | None, remedy: Remedy) -> bool:
         and flag_for(*remedy.setting) is None
 
 
+# Settings upstream refuses a remedy beside, each with the store_true flag that turns it on.
+_REFUSED_BESIDE = {"defer_embedding_wgrad_compute": "--defer-embedding-wgrad-compute"}
+
+
 def refused_with(config: ModelConfig | None, remedy: Remedy) -> str | None:
     """The setting this input keeps that makes upstream refuse the remedy at start-up, if
     any: deferred embedding wgrad needs fused accumulation (megatron-core
@@ -74,6 +78,13 @@ def refused_with(config: ModelConfig | None, remedy: Remedy) -> str | None:
     deferred = checked_value(source.mapping if source is not None else None,
                              "defer_embedding_wgrad_compute")
     return "defer_embedding_wgrad_compute" if deferred is True else None
+
+
+def also_needed(config: ModelConfig, remedy: Remedy) -> str | None:
+    """The second edit, in the input's own syntax, without which upstream refuses the
+    remedy (None when it needs none)."""
+    kept = refused_with(config, remedy)
+    return None if kept is None else switched_off(config, kept, _REFUSED_BESIDE[kept])
 
 
 def _order_key(config: ModelConfig | None, remedy: Remedy) -> tuple:
@@ -238,11 +249,11 @@ def fix_line(config: ModelConfig, remedies: Iterable[Remedy]) -> str:
             parts.append(f"needs a code change: no Megatron-LM flag sets {key}; set it to "
                          f"{python_value(value)} on the TransformerConfig in "
                          f"{CONFIG_FROM_FLAGS} ({remedy.why}; {remedy.short})")
-        elif (kept := refused_with(config, remedy)) is not None:
-            parts.append(f"only together with {kept} off (upstream refuses deferred embedding "
-                         f"wgrad without fused accumulation): {written(config, *remedy.setting)}"
-                         f" and {switched_off(config, kept, '--defer-embedding-wgrad-compute')}"
-                         f" ({remedy.why}; {remedy.short})")
+        elif (second := also_needed(config, remedy)) is not None:
+            parts.append(f"only together with {refused_with(config, remedy)} off (upstream "
+                         "refuses deferred embedding wgrad without fused accumulation): "
+                         f"{written(config, *remedy.setting)} and {second} "
+                         f"({remedy.why}; {remedy.short})")
         else:
             parts.append(f"{written(config, *remedy.setting)} ({remedy.why}; {remedy.short})")
     return "; or ".join(parts)
