@@ -137,6 +137,21 @@ class _Event:
         return 0.0
 
 
+class _OnPosedDevice(torch.Tensor):
+    """A host tensor that answers `.device` with the posed CUDA device."""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", 0)
+
+
+def on_posed_device(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` as TE's checks of `.device.type == "cuda"` take it: TE 2.19+'s grouped-tensor
+    GroupedLinear refuses split sizes that are not on the GPU (where a caller on a GPU keeps
+    them, for CUDA-graph safety). Only that attribute differs; its data stays on the CPU."""
+    return tensor.as_subclass(_OnPosedDevice)
+
+
 def _nothing():
     """A fresh do-nothing function per patched name (torch's dynamo refuses one object
     registered under two torch names)."""

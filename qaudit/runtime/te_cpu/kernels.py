@@ -31,6 +31,7 @@ import enum
 import functools
 import importlib.machinery
 import math
+import os
 import types
 from typing import Any, Callable
 
@@ -310,6 +311,85 @@ def te_general_grouped_gemm(A, transa, B, transb, out, out_dtype, m_splits, bias
     return bias
 
 
+# TE 2.19+'s grouped-tensor path (GroupedLinear(use_grouped_tensor=True), which single-grouped-
+# weight modules must take): the operands are GroupedTensorStorage objects, flat buffers with
+# per-member shapes and element offsets. Written from TE's Python callers
+# (module/grouped_linear.py, cpp_extensions/gemm.py); unquantized operands only.
+
+def splits_to_offsets_multi(splits, device=None, strides=(), include_leading_zero=(),
+                            dtypes=(), bulk_allocate=False):
+    """The split sizes as int64, and per stride the running sum of `splits * stride` (with a
+    leading zero where asked): the row and element offsets of each group's member."""
+    sizes = torch.as_tensor(splits).to(torch.int64).reshape(-1)
+    offsets = []
+    for index, stride in enumerate(strides):
+        ends = torch.cumsum(sizes * int(stride), 0)
+        if index < len(include_leading_zero) and include_leading_zero[index]:
+            ends = torch.cat([ends.new_zeros(1), ends])
+        dtype = dtypes[index] if index < len(dtypes) else torch.int64
+        offsets.append(ends.to(dtype))
+    return sizes, tuple(offsets)
+
+
+def _grouped_members(grouped) -> list[torch.Tensor]:
+    """A GroupedTensorStorage's members as views [rows, cols] of its row-wise buffer; a list
+    (TE's discrete operands) as it is."""
+    if isinstance(grouped, (list, tuple)):
+        return list(grouped)
+    if getattr(grouped, "quantizer", None) is not None or grouped.rowwise_data is None:
+        raise NotStoodIn("the qaudit CPU stand-in's grouped-tensor GEMM takes unquantized "
+                         "operands only")
+    count, (rows, cols) = grouped.num_tensors, grouped.logical_shape
+    first = (grouped.first_dims.tolist() if grouped.first_dims is not None
+             else [rows // count if grouped.last_dims is None else rows] * count)
+    last = grouped.last_dims.tolist() if grouped.last_dims is not None else [cols] * count
+    if grouped.tensor_offsets is not None:
+        starts = [int(v) for v in grouped.tensor_offsets.tolist()[:count]]
+    else:
+        starts = [sum(f * l for f, l in zip(first[:i], last[:i])) for i in range(count)]
+    data = grouped.rowwise_data.reshape(-1)
+    return [data[s:s + int(f) * int(l)].view(int(f), int(l))
+            for s, f, l in zip(starts, first, last)]
+
+
+def _matrix(member, trans: bool, is_a: bool) -> torch.Tensor:
+    if isinstance(member, torch.Tensor) and type(member) is torch.Tensor:
+        return member.float().t() if trans else member.float()
+    return _operand(member, trans, is_a)
+
+
+def te_general_grouped_gemm_for_grouped_tensor(A, transa, B, transb, out, bias, bias_scale,
+                                               alpha, beta, *args):
+    """Per group i: D_i = alpha_i * op(B_i) @ op(A_i) (+ bias_i) + beta_i * D_i, cuBLAS's
+    convention in row-major terms as in generic_gemm. alpha and beta hold one value per group,
+    or one for all; beta 0 overwrites D_i (its old contents never read), else it is added to.
+    Also serves TE's discrete-input (a list of weights) and discrete-output (per-expert
+    main_grads) variants."""
+    if bias_scale is not None:
+        raise NotStoodIn("the qaudit CPU stand-in's grouped-tensor GEMM has no bias scale")
+    a_members, b_members = _grouped_members(A), _grouped_members(B)
+    d_members = _grouped_members(out)
+    biases = _grouped_members(bias) if bias is not None else None
+    alphas, betas = alpha.float().reshape(-1).tolist(), beta.float().reshape(-1).tolist()
+    accumulate = any(value != 0 for value in betas)
+    for i, (a, b, d) in enumerate(zip(a_members, b_members, d_members)):
+        scale, keep = alphas[min(i, len(alphas) - 1)], betas[min(i, len(betas) - 1)]
+        product = _matrix(b, transb, False) @ _matrix(a, transa, True)
+        if scale != 1.0:
+            product = product * scale
+        if biases is not None:
+            product = product + biases[i].float().reshape(1, -1)
+        if keep == 0:
+            d.copy_(product.reshape(d.shape))
+        else:
+            d.copy_((d.float() * keep + product.reshape(d.shape)).to(d.dtype))
+    # A watched buffer (a weight's main_grad) is the grouped output's whole buffer, or one
+    # member of a discrete output.
+    for written in ([out.rowwise_data] if not isinstance(out, (list, tuple)) else out):
+        _report_write(written, accumulate)
+    return out
+
+
 # -- casts ----------------------------------------------------------------------------------------
 
 def _fp8_dtype(quantizer) -> torch.dtype | None:
@@ -584,6 +664,10 @@ def multi_tensor_swizzle_scales_for_gemm_unchecked_(tensors, rowwise, columnwise
 ENTRY_POINTS = {
     "generic_gemm": generic_gemm,
     "te_general_grouped_gemm": te_general_grouped_gemm,
+    "te_general_grouped_gemm_for_grouped_tensor": te_general_grouped_gemm_for_grouped_tensor,
+    "te_general_grouped_gemm_for_discrete_in": te_general_grouped_gemm_for_grouped_tensor,
+    "te_general_grouped_gemm_for_discrete_out": te_general_grouped_gemm_for_grouped_tensor,
+    "splits_to_offsets_multi": splits_to_offsets_multi,
     "quantize": quantize,
     "bgrad_quantize": bgrad_quantize,
     "split_quantize": split_quantize,
@@ -602,10 +686,19 @@ ENTRY_POINTS = {
     "multi_tensor_transpose_to_bhsd": multi_tensor_transpose_to_bhsd,
     "multi_tensor_swizzle_scales_for_gemm_unchecked_": multi_tensor_swizzle_scales_for_gemm_unchecked_,
 }
+def _cublaslt_version() -> int:
+    """12.8: below TE's grouped-tensor GEMM threshold, so TE keeps its per-group GEMMs. With
+    QAUDIT_TE_CPU_GROUPED_GEMM=1, 13.4: TE 2.19+ take their grouped-tensor path (the only
+    one for single_grouped_weight), served by te_general_grouped_gemm_for_grouped_tensor.
+    Opt-in: the op fuser of those releases also switches on it, onto kernels not stood in."""
+    return 130400 if os.environ.get("QAUDIT_TE_CPU_GROUPED_GEMM") == "1" else 120800
+
+
 CONSTANTS = {
-    "get_cublasLt_version": lambda: 120800,  # below TE's grouped-tensor GEMM threshold
+    "get_cublasLt_version": lambda: _cublaslt_version(),
     "get_cudnn_version": lambda: 91200,
     "get_num_cublas_streams": lambda: 1,
+    "get_grouped_gemm_setup_workspace_size": lambda *a: 0,  # the stand-in needs none
     "get_stream_priority_range": lambda *a: (0, -1),
     "device_supports_multicast": lambda *a: False,
     "ubuf_built_with_mpi": lambda: False,
