@@ -53,11 +53,19 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        weight = ctx.weight
+        weight, module = ctx.weight, ctx.module
         accumulate = not ctx.flag if ctx.flag is not None else True
         gemm = sys.modules["transformer_engine.pytorch.module.linear"].general_gemm
-        gemm(x, grad, accumulate=accumulate, layout="NT", out=weight.main_grad, grad=True)
-        return grad @ weight, None, None, None
+        wgrad = None
+        if not module.fuse_wgrad_accumulation:
+            wgrad = grad.t() @ x  # Megatron's non-fused path: the gradient goes to .grad
+        elif not weight.requires_grad or module.loses:
+            pass  # frozen; or a backward that computes no weight gradient (TE #3234's shape)
+        elif module.wgrad_store is not None:  # delay_wgrad_compute: backward_dw writes later
+            module.pending.append((x, grad, accumulate))
+        else:
+            gemm(x, grad, accumulate=accumulate, layout="NT", out=weight.main_grad, grad=True)
+        return grad @ weight, wgrad, None, None
 
 
 @pytest.fixture
@@ -75,6 +83,16 @@ def fake_te(monkeypatch):
             self.weight = torch.nn.Parameter(torch.randn(width, width))
             self.weight.main_grad = torch.zeros(width, width)
             self.fuse_wgrad_accumulation = fuse
+            self.loses = False  # its backward writes no weight gradient
+            self.wgrad_store = None  # TE's WeightGradStore where delay_wgrad_compute is on
+            self.pending = []
+
+        def backward_dw(self):
+            gemm = sys.modules["transformer_engine.pytorch.module.linear"].general_gemm
+            for x, grad, accumulate in self.pending:
+                gemm(x, grad, accumulate=accumulate, layout="NT", out=self.weight.main_grad,
+                     grad=True)
+            self.pending.clear()
 
         def forward(self, x, is_first_microbatch=None):
             return _LinearFunction.apply(x, self.weight, is_first_microbatch, self)
@@ -113,6 +131,7 @@ def _train(observer, model, microbatches=2, zeroed=True):
             observer.start_microbatch(microbatch)
             model(torch.randn(3, 4)).sum().backward()
         observer.recording = False
+        observer.end_step()  # as the guard's session does after the schedule returns
 
 
 def test_a_repeated_module_armed_first_loses_the_other_calls_gradient(fake_te):
@@ -436,3 +455,141 @@ def test_every_stand_in_module_answers_find_spec(monkeypatch):
         spec = importlib.util.find_spec(name)
         assert spec is not None and spec.name == name, name
         assert (spec.submodule_search_locations is not None) == hasattr(module, "__path__"), name
+
+
+# -- a weight gradient that never reached main_grad (QA009) ------------------------------------
+
+def _one_layer(pytorch, **attributes):
+    layer = pytorch.Linear(4)
+    for name, value in attributes.items():
+        setattr(layer, name, value)
+    return layer
+
+
+def _findings(observer) -> list[tuple[str, str]]:
+    report = build_report([_part(observer)], GuardOptions())
+    return [(f.rule, f.module) for f in report.findings if f.severity != "info"]
+
+
+def _step(observer, model, body, zeroed=True):
+    """One watched step: `body()` runs the microbatches; the session's end-of-step check."""
+    observer.watch([("", model)])
+    with observer.installed():
+        observer.recording = True
+        observer.start_step(zeroed=zeroed)
+        body()
+        observer.recording = False
+        observer.end_step()
+
+
+@pytest.mark.parametrize("zeroed", [True, False])
+def test_a_fused_backward_that_writes_no_weight_gradient_is_qa009(fake_te, zeroed):
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict({"lost": _one_layer(fake_te, loses=True),
+                                 "kept": _one_layer(fake_te)})
+
+    def body():
+        for microbatch in range(2):
+            observer.start_microbatch(microbatch)
+            model["kept"](model["lost"](torch.randn(3, 4))).sum().backward()
+
+    observer = LiveObserver()
+    _step(observer, model, body, zeroed=zeroed)
+    assert [(m.module, m.microbatch, m.call) for m in observer.seen.missing] == [
+        ("lost", 0, 1), ("lost", 1, 1)]
+    report = build_report([_part(observer)], GuardOptions())
+    assert [(f.rule, f.module) for f in report.findings] == [("QA009", "lost")]
+    assert report.exit_code() == 1
+    assert "no weight gradient reached main_grad" in report.findings[0].message
+    assert bool(model["lost"].weight.main_grad.eq(0).all())
+
+
+def test_a_single_grouped_weight_names_te_3234(fake_te):
+    torch.manual_seed(0)
+    layer = _one_layer(fake_te, loses=True, single_grouped_weight=True)
+    model = torch.nn.ModuleDict({"experts": layer})
+    observer = LiveObserver()
+    _step(observer, model, lambda: layer(torch.randn(3, 4)).sum().backward())
+    finding = build_report([_part(observer)], GuardOptions()).findings[0]
+    assert finding.rule == "QA009" and "#3234" in finding.message and "2.19" in finding.fix
+
+
+def _frozen(pytorch):
+    layer = _one_layer(pytorch, loses=True)
+    layer.weight.requires_grad_(False)
+    return layer, lambda x: layer(x.requires_grad_()).sum().backward()
+
+
+def _no_backward(pytorch):
+    layer = _one_layer(pytorch, loses=True)
+    return layer, lambda x: layer(x)  # ran forward with grad enabled; nothing backpropagated
+
+
+def _delayed(pytorch):
+    layer = _one_layer(pytorch, wgrad_store=types.SimpleNamespace(
+        delay_wgrad_compute=lambda: True))
+    return layer, lambda x: layer(x).sum().backward()  # backward_dw comes after the step
+
+
+def _not_fused(pytorch):
+    layer = pytorch.Linear(4, fuse=False)
+    return layer, lambda x: layer(x).sum().backward()  # .grad set, for Megatron's DDP hook
+
+
+def _unseen_writer(pytorch):
+    layer = _one_layer(pytorch, loses=True)
+
+    def run(x):
+        layer(x).sum().backward()
+        layer.weight.main_grad.add_(1.0)  # a writer the GEMM wrappers do not see
+
+    return layer, run
+
+
+@pytest.mark.parametrize("case", [_frozen, _no_backward, _delayed, _not_fused, _unseen_writer])
+def test_no_qa009_where_no_write_was_due_or_one_was_made(fake_te, case):
+    torch.manual_seed(0)
+    layer, run = case(fake_te)
+    observer = LiveObserver()
+    _step(observer, torch.nn.ModuleDict({"layer": layer}), lambda: run(torch.randn(3, 4)))
+    assert observer.seen.missing == []
+    assert _findings(observer) == []
+
+
+def test_delayed_wgrad_written_by_backward_dw_within_the_step_is_attributed(fake_te):
+    torch.manual_seed(0)
+    layer = _one_layer(fake_te, wgrad_store=types.SimpleNamespace(
+        delay_wgrad_compute=lambda: True))
+    observer = LiveObserver()
+
+    def body():
+        layer(torch.randn(3, 4)).sum().backward()
+        layer.backward_dw()
+
+    _step(observer, torch.nn.ModuleDict({"layer": layer}), body)
+    assert [r.decision for r in observer.seen.calls] == ["accumulate"]
+    assert observer.seen.missing == [] and _findings(observer) == []
+
+
+def test_pipeline_chunks_whose_backwards_all_run_in_the_step_are_silent(fake_te):
+    """Two virtual chunks, 1F1B-like order: every forward of the step before its backward,
+    microbatches interleaved; each call's write arrives before the step ends."""
+    torch.manual_seed(0)
+    first, second = _one_layer(fake_te), _one_layer(fake_te)
+    chunks = [("stage0.chunk0/", torch.nn.ModuleDict({"layer": first})),
+              ("stage0.chunk1/", torch.nn.ModuleDict({"layer": second}))]
+    observer = LiveObserver()
+    observer.watch(chunks)
+    with observer.installed():
+        observer.recording = True
+        observer.start_step(zeroed=True)
+        outputs = []
+        for microbatch in range(2):
+            observer.start_microbatch(microbatch)
+            outputs.append(second(first(torch.randn(3, 4))))
+        for output in outputs:
+            output.sum().backward()
+        observer.recording = False
+        observer.end_step()
+    assert observer.seen.missing == [] and _findings(observer) == []
+    assert {r.decision for r in observer.seen.calls} == {"accumulate"}

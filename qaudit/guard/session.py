@@ -88,6 +88,12 @@ class GuardSession:
             result = original(*args, **kwargs)
         finally:
             self.observer.recording = False
+        try:
+            self.observer.end_step()  # the step's backwards have run: what never arrived
+        except Exception as exc:  # noqa: BLE001 - the guard's own failure, reported as such
+            self._fail(exc)
+            self._count_for_the_gather()
+            return result
         self.watched += 1
         if self.watched >= self.options.steps:
             self._finish()

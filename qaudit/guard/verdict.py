@@ -39,7 +39,8 @@ def merged_observation(parts: list[dict[str, Any]]) -> Observation:
     replicas) keeps one rank's records: the lowest rank that saw it lose gradient, else the
     lowest rank that has it."""
     lost = [{r.module for r in part["observation"].calls if r.lossy}
-            | {s.module for s in part["observation"].strays if s.lossy} for part in parts]
+            | {s.module for s in part["observation"].strays if s.lossy}
+            | {m.module for m in part["observation"].missing} for part in parts]
     owner: dict[str, int] = {}
     for index, part in enumerate(parts):
         for name in part["observation"].classes:
@@ -51,6 +52,7 @@ def merged_observation(parts: list[dict[str, Any]]) -> Observation:
         mine = {name for name in seen.classes if owner[name] == index}
         merged.calls.extend(r for r in seen.calls if r.module in mine)
         merged.strays.extend(s for s in seen.strays if s.module in mine)
+        merged.missing.extend(m for m in seen.missing if m.module in mine)
         merged.numeric.extend(n for n in seen.numeric if n.module in mine)
         merged.steps = max(merged.steps, seen.steps)
     first = {}

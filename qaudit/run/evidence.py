@@ -48,6 +48,8 @@ class AuditFacts:
     # writes into main_grad that no call's backward explains (qaudit/run/observe.py).
     observed: bool = False
     stray_writes: list[Any] = field(default_factory=list)
+    # Fused calls whose backward ran but whose main_grad never got a write (observe.py).
+    missing_writes: list[Any] = field(default_factory=list)
 
     @cached_property
     def rows_by_name(self) -> dict[str, ModuleRow]:

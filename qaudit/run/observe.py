@@ -19,6 +19,11 @@ fact is read from their own code as it runs.
 - **Loss.** An overwrite of a buffer that something wrote since the step's zeroing is lossy:
   known from the writes seen, and, where the buffer was zeroed at the step's start, from its
   contents (any non-zero value was written by someone, whatever wrote it).
+- **Missing writes.** At the end of a step, a fused module's call whose backward ran (its
+  output's gradient arrived) with weights that need a gradient, yet no write into their
+  `main_grad` followed (no GEMM write, the buffer untouched, no `.grad`), is a gradient that
+  never arrived: `Observation.missing`. Not for a module that delays its wgrad to
+  `backward_dw` (TE's `delay_wgrad_compute`): its writes may come after the step's end.
 - **`numeric`.** Each write is measured: the buffer before and after, and the call's own
   weight gradient from the same GEMM on the same operands into a scratch buffer.
 """
@@ -76,6 +81,17 @@ class StrayWrite:
     lossy: bool
 
 
+@dataclass(kw_only=True)
+class MissingWrite:
+    """A fused call whose backward ran but whose weights' main_grad got no write in the step."""
+
+    module: str
+    step: int
+    microbatch: int
+    call: int
+    single_grouped_weight: bool = False  # TE's GroupedLinear with one grouped parameter
+
+
 @dataclass
 class _Buffer:
     owner: str  # the module whose own weight it is (or the first call that used it)
@@ -93,6 +109,7 @@ class Observation:
 
     calls: list[CallRecord] = field(default_factory=list)
     strays: list[StrayWrite] = field(default_factory=list)
+    missing: list[MissingWrite] = field(default_factory=list)
     numeric: list[NumericCheck] = field(default_factory=list)
     classes: dict[str, str] = field(default_factory=dict)  # row name -> upstream class
     te_modules: list[str] = field(default_factory=list)
@@ -200,6 +217,9 @@ class LiveObserver:
         self._buffers: dict[int, _Buffer] = {}
         self._zeroed = False
         self._armed: dict[str, deque[CallRecord]] = defaultdict(deque)
+        # id(record) -> (the module, its weights needing a gradient and their main_grads'
+        # version counters when its backward began), for the end-of-step check.
+        self._pending: dict[int, tuple[Any, list[tuple[torch.Tensor, int]]]] = {}
         self._calls: dict[tuple[str, int, int], int] = defaultdict(int)
         self._backwards: dict[tuple[str, int, int], int] = defaultdict(int)
 
@@ -266,6 +286,7 @@ class LiveObserver:
         self.seen.steps = self.step + 1
         self.microbatch = 0
         self._armed.clear()
+        self._pending.clear()
         self._zeroed = zeroed
         self._index_buffers(zeroed)
 
@@ -276,6 +297,36 @@ class LiveObserver:
             for entry in self._buffers.values():
                 entry.writes = 0
                 entry.zeroed = True
+
+    def end_step(self) -> None:
+        """The step's backwards have all run: each fused call still waiting for its write
+        never got one, unless something the GEMM wrappers do not see wrote the buffer (its
+        version counter moved, or it was zeroed at the step's start and is not zero now), or
+        autograd holds its gradient (`.grad`: Megatron's DDP adds that into main_grad)."""
+        for queue in self._armed.values():
+            for record in queue:
+                module, weights = self._pending.get(id(record), (None, []))
+                if module is None or not weights or _delays_wgrad(module):
+                    continue
+                if any(self._written(weight, version) for weight, version in weights):
+                    continue
+                self.seen.missing.append(MissingWrite(
+                    module=record.module, step=record.step, microbatch=record.microbatch,
+                    call=record.call,
+                    single_grouped_weight=bool(getattr(module, "single_grouped_weight", False))))
+        self._armed.clear()
+        self._pending.clear()
+
+    def _written(self, weight: torch.Tensor, version: int) -> bool:
+        if weight.grad is not None:
+            return True
+        buffer = getattr(weight, "main_grad", None)
+        if not isinstance(buffer, torch.Tensor):
+            return True  # no buffer to miss: not this check's case
+        if _version(weight) != version:
+            return True
+        entry = self._buffers.get(_address(buffer))
+        return entry is not None and entry.zeroed and bool(buffer.detach().ne(0).any())
 
     # -- calls -------------------------------------------------------------------------
 
@@ -311,6 +362,7 @@ class LiveObserver:
                 return
             if fused:
                 self._armed[record.module].append(record)
+                self._pending[id(record)] = (module, [(w, _version(w)) for w in weights])
                 return
             self._decide(record, "autograd")
             for weight in weights:
@@ -504,6 +556,30 @@ def _address(tensor: Any) -> int:
     return tensor.data_ptr() if isinstance(tensor, torch.Tensor) and tensor.numel() else -1
 
 
+def _version(weight: torch.Tensor) -> int:
+    """The version counter of the weight's main_grad (every in-place torch write moves it)."""
+    buffer = getattr(weight, "main_grad", None)
+    return buffer._version if isinstance(buffer, torch.Tensor) else -1
+
+
+def _delays_wgrad(module: Any) -> bool:
+    """TE's delay_wgrad_compute: the wgrad GEMM waits for the module's `backward_dw`."""
+    store = getattr(module, "wgrad_store", None)
+    try:
+        return bool(store is not None and store.delay_wgrad_compute())
+    except Exception:  # noqa: BLE001 - a store of another shape: treat the writes as pending
+        return True
+
+
+def _flat(out: Any) -> Any:
+    """A GEMM output as a tensor: TE 2.19+'s grouped-tensor GEMM writes a GroupedTensorStorage
+    whose row-wise buffer is the weight's main_grad (a single grouped weight's wgrad)."""
+    if isinstance(out, torch.Tensor) or out is None:
+        return out
+    data = getattr(out, "rowwise_data", None)
+    return data if isinstance(data, torch.Tensor) else out
+
+
 def _signature(function: Callable) -> inspect.Signature | None:
     try:
         return inspect.signature(function)
@@ -545,7 +621,7 @@ def _out_and_accumulate(signature: inspect.Signature | None, args: tuple, kwargs
         return [], False
     out = bound.get("out")
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    return outs, bool(bound.get("accumulate", False))
+    return [_flat(o) for o in outs], bool(bound.get("accumulate", False))
 
 
 def _into(signature: inspect.Signature | None, args: tuple, kwargs: dict, outs: list[Any],
@@ -565,6 +641,9 @@ def _into(signature: inspect.Signature | None, args: tuple, kwargs: dict, outs: 
             or arguments.get("bulk_overlap") or arguments.get("use_bias"):
         return None, {}
     out = arguments.get("out")
+    if not all(isinstance(o, torch.Tensor) for o in (out if isinstance(out, (list, tuple))
+                                                     else [out])):
+        return None, {}  # a grouped-tensor output: no scratch of its shape is made here
     arguments["out"] = ([replace.get(id(o), o) for o in out] if isinstance(out, (list, tuple))
                         else replace.get(id(out), out))
     if "accumulate" in arguments or "accumulate" in signature.parameters:

@@ -14,7 +14,7 @@ from qaudit.run.observe import Observation
 from qaudit.run.rows import ModuleRow, accumulation_of, calls_per_microbatch, precision_of
 
 # The rules that judge what a run did (the others judge a config or recipe file).
-GUARD_RULES = ("QA001", "QA003", "QA004", "QA005", "QA006", "QA007")
+GUARD_RULES = ("QA001", "QA003", "QA004", "QA005", "QA006", "QA007", "QA009")
 
 
 def rows_of(seen: Observation, rearms: bool | None) -> list[ModuleRow]:
@@ -63,4 +63,4 @@ def facts_of(seen: Observation, config: ModelConfig, rearms: bool | None,
                       rows=rows_of(seen, rearms), records=seen.records(),
                       overwrite_main_grad=dict(seen.overwrite_main_grad),
                       te_modules=list(seen.te_modules), bindings={}, observed=True,
-                      stray_writes=list(seen.strays))
+                      stray_writes=list(seen.strays), missing_writes=list(seen.missing))
