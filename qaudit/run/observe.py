@@ -571,13 +571,16 @@ def _delays_wgrad(module: Any) -> bool:
         return True
 
 
+def _grouped(out: Any) -> bool:
+    """TE 2.19+'s GroupedTensor(Storage): a flat row-wise buffer with per-member shapes (a
+    wrapper tensor subclass without storage of its own, or a plain object)."""
+    return isinstance(getattr(out, "rowwise_data", None), torch.Tensor)
+
+
 def _flat(out: Any) -> Any:
-    """A GEMM output as a tensor: TE 2.19+'s grouped-tensor GEMM writes a GroupedTensorStorage
-    whose row-wise buffer is the weight's main_grad (a single grouped weight's wgrad)."""
-    if isinstance(out, torch.Tensor) or out is None:
-        return out
-    data = getattr(out, "rowwise_data", None)
-    return data if isinstance(data, torch.Tensor) else out
+    """A GEMM output as the tensor written: a grouped-tensor GEMM's output is its row-wise
+    buffer, which for a single grouped weight's wgrad is the weight's main_grad."""
+    return out.rowwise_data if _grouped(out) else out
 
 
 def _signature(function: Callable) -> inspect.Signature | None:
@@ -641,9 +644,9 @@ def _into(signature: inspect.Signature | None, args: tuple, kwargs: dict, outs: 
             or arguments.get("bulk_overlap") or arguments.get("use_bias"):
         return None, {}
     out = arguments.get("out")
-    if not all(isinstance(o, torch.Tensor) for o in (out if isinstance(out, (list, tuple))
-                                                     else [out])):
-        return None, {}  # a grouped-tensor output: no scratch of its shape is made here
+    if any(_grouped(o) or not isinstance(o, torch.Tensor)
+           for o in (out if isinstance(out, (list, tuple)) else [out])):
+        return None, {}  # a grouped-tensor output: no scratch of its kind is made here
     arguments["out"] = ([replace.get(id(o), o) for o in out] if isinstance(out, (list, tuple))
                         else replace.get(id(out), out))
     if "accumulate" in arguments or "accumulate" in signature.parameters:
