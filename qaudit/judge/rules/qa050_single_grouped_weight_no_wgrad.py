@@ -39,7 +39,8 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     `moe_single_grouped_weight` without the op fuser, naming this very split, so the rule is
     silent there. From TE 2.15 the setting also needs `NVTE_GROUPED_LINEAR_SINGLE_PARAM=1` in
     the environment (without it TE turns it off and warns), which qaudit cannot see. The
-    finding's evidence names TE's code on both sides.
+    finding's evidence names TE's code on both sides. In a run, the guard sees the missing
+    gradient itself and stops the job with QA009 (shown on TE 2.17.0's own code on CPU).
 
     Fix: use Transformer Engine 2.19 or later; or turn on `use_transformer_engine_op_fuser`
     (TE's op-fuser GroupedLinear keeps the parameter); or drop `moe_single_grouped_weight`.
