@@ -593,3 +593,36 @@ def test_pipeline_chunks_whose_backwards_all_run_in_the_step_are_silent(fake_te)
         observer.end_step()
     assert observer.seen.missing == [] and _findings(observer) == []
     assert {r.decision for r in observer.seen.calls} == {"accumulate"}
+
+
+class _GroupedOut(torch.Tensor):
+    """TE 2.19's GroupedTensor as the wgrad GEMM's output: a wrapper tensor without storage of
+    its own, whose row-wise buffer is the single grouped weight's main_grad."""
+
+    @staticmethod
+    def __new__(cls, rowwise_data):
+        self = torch.Tensor._make_wrapper_subclass(cls, rowwise_data.shape,
+                                                   dtype=rowwise_data.dtype)
+        self.rowwise_data = rowwise_data
+        return self
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise NotImplementedError("not computed with here")
+
+
+def test_a_grouped_tensor_output_is_seen_as_the_main_grad_it_wraps():
+    from qaudit.run import observe
+
+    def general_grouped_gemm_for_grouped_tensor(A, B, out, *, layout="TN", accumulate=False):
+        """TE 2.19's signature (transformer_engine/pytorch/cpp_extensions/gemm.py)."""
+
+    main_grad = torch.zeros(2, 4, 4)
+    out = _GroupedOut(main_grad.view(-1))
+    signature = observe._signature(general_grouped_gemm_for_grouped_tensor)
+    args, kwargs = (None, None, out), {"layout": "NT", "accumulate": True}
+    outs, accumulate = observe._out_and_accumulate(signature, args, kwargs, False)
+    assert accumulate and observe._address(outs[0]) == main_grad.data_ptr()
+    # --numeric makes no scratch copy of it: a repeat would write the real buffer.
+    scratch = [torch.zeros_like(outs[0])]
+    assert observe._into(signature, args, kwargs, outs, scratch, False) == (None, {})

@@ -153,6 +153,57 @@ def test_attention_tensors_are_permuted_to_bhsd(layout):
     assert (padded[..., 5:] == -1).all()
 
 
+def _grouped(data, count, rows, cols, first_dims=None, tensor_offsets=None):
+    """A GroupedTensorStorage as TE 2.19's Python builds one, as far as the kernel reads it."""
+    import types
+
+    return types.SimpleNamespace(rowwise_data=data.reshape(-1), num_tensors=count,
+                                 logical_shape=(rows, cols), first_dims=first_dims,
+                                 last_dims=None, tensor_offsets=tensor_offsets, quantizer=None)
+
+
+def test_splits_become_sizes_and_per_stride_offsets():
+    sizes, (points, rows, elements) = kernels.splits_to_offsets_multi(
+        torch.tensor([3, 0, 2]), "cuda", strides=[1, 1, 4], include_leading_zero=[False, True,
+                                                                                  True],
+        dtypes=[torch.int32, torch.int64, torch.int64], bulk_allocate=True)
+    assert sizes.tolist() == [3, 0, 2] and sizes.dtype == torch.int64
+    assert points.tolist() == [3, 3, 5] and points.dtype == torch.int32
+    assert rows.tolist() == [0, 3, 3, 5] and elements.tolist() == [0, 12, 12, 20]
+
+
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_the_grouped_tensor_gemm_is_one_gemm_per_member(accumulate):
+    """TE 2.19's single grouped weight: fprop (TN) over varying row counts, and the wgrad
+    (NT) into the grouped main_grad, which is reported as one watched write."""
+    torch.manual_seed(0)
+    splits = torch.tensor([3, 0, 2])
+    sizes, (_, x_off, y_off) = kernels.splits_to_offsets_multi(
+        splits, None, strides=[1, 4, 5], include_leading_zero=[True] * 3,
+        dtypes=[torch.int64] * 3)
+    weights, x = torch.randn(3, 5, 4), torch.randn(5, 4)
+    y = torch.zeros(5, 5)
+    one, zero = torch.ones(3), torch.zeros(3)
+    kernels.te_general_grouped_gemm_for_grouped_tensor(
+        _grouped(weights, 3, 15, 4), True, _grouped(x, 3, 5, 4, sizes, x_off), False,
+        _grouped(y, 3, 5, 5, sizes, y_off), None, None, one, zero, None, None, False, 0)
+    assert torch.allclose(y[:3], x[:3] @ weights[0].t())
+    assert torch.allclose(y[3:], x[3:] @ weights[2].t())
+    dy = torch.randn(5, 5)
+    main_grad = torch.full((3, 5, 4), 2.0)
+    seen = []
+    kernels.expect_write([main_grad], seen.append)
+    kernels.te_general_grouped_gemm_for_grouped_tensor(
+        _grouped(x, 3, 5, 4, sizes, x_off), False, _grouped(dy, 3, 5, 5, sizes, y_off), True,
+        _grouped(main_grad, 3, 15, 4), None, None, one, one if accumulate else zero, None,
+        None, False, 0)
+    base = 2.0 if accumulate else 0.0
+    assert torch.allclose(main_grad[0], dy[:3].t() @ x[:3] + base)
+    assert torch.allclose(main_grad[1], torch.full((5, 4), base))  # no rows reached it
+    assert torch.allclose(main_grad[2], dy[3:].t() @ x[3:] + base)
+    assert seen == [accumulate]
+
+
 @pytest.mark.parametrize("accumulate", [True, False])
 def test_a_watched_main_grad_write_reports_its_accumulate_flag(accumulate):
     main_grad = torch.full((5, 3), 7.0)
