@@ -9,9 +9,9 @@ from qaudit.judge.rules import AuditFacts, Hit, rule
 
 @rule("QA009", "error", "weight gradient never reached main_grad")
 def check(facts: AuditFacts) -> Iterable[Hit]:
-    """Observed in a run (the guard, qaudit/guard/): a Transformer Engine module with fused
-    wgrad accumulation (`fuse_wgrad_accumulation`, Megatron's `gradient_accumulation_fusion`)
-    ran forward with gradients enabled, its output's gradient arrived and its backward ran,
+    """Observed in a run (the guard, qaudit/guard/): a linear module with fused wgrad
+    accumulation (TE's with `fuse_wgrad_accumulation`, Megatron's own with
+    `gradient_accumulation_fusion`) ran forward with gradients enabled, its output's gradient arrived and its backward ran,
     its weights need a gradient, and yet by the end of the step nothing had written their
     `main_grad`: no wgrad GEMM wrote it, the buffer is unchanged (its version counter did not
     move and, where it was zeroed at the step's start, it is still zero), and no `.grad` was
