@@ -546,7 +546,18 @@ def _unseen_writer(pytorch):
     return layer, run
 
 
-@pytest.mark.parametrize("case", [_frozen, _no_backward, _delayed, _not_fused, _unseen_writer])
+def _replaced_buffer(pytorch):
+    layer = _one_layer(pytorch, loses=True)
+
+    def run(x):
+        layer(x).sum().backward()
+        layer.weight.main_grad = torch.zeros(4, 4)  # a new buffer (Megatron-FSDP's way)
+
+    return layer, run
+
+
+@pytest.mark.parametrize("case", [_frozen, _no_backward, _delayed, _not_fused, _unseen_writer,
+                                  _replaced_buffer])
 def test_no_qa009_where_no_write_was_due_or_one_was_made(fake_te, case):
     torch.manual_seed(0)
     layer, run = case(fake_te)

@@ -219,7 +219,7 @@ class LiveObserver:
         self._armed: dict[str, deque[CallRecord]] = defaultdict(deque)
         # id(record) -> (the module, its weights needing a gradient and their main_grads'
         # version counters when its backward began), for the end-of-step check.
-        self._pending: dict[int, tuple[Any, list[tuple[torch.Tensor, int]]]] = {}
+        self._pending: dict[int, tuple[Any, list[tuple[torch.Tensor, tuple[int, int]]]]] = {}
         self._calls: dict[tuple[str, int, int], int] = defaultdict(int)
         self._backwards: dict[tuple[str, int, int], int] = defaultdict(int)
 
@@ -317,7 +317,7 @@ class LiveObserver:
         self._armed.clear()
         self._pending.clear()
 
-    def _written(self, weight: torch.Tensor, version: int) -> bool:
+    def _written(self, weight: torch.Tensor, version: tuple[int, int]) -> bool:
         if weight.grad is not None:
             return True
         buffer = getattr(weight, "main_grad", None)
@@ -556,10 +556,11 @@ def _address(tensor: Any) -> int:
     return tensor.data_ptr() if isinstance(tensor, torch.Tensor) and tensor.numel() else -1
 
 
-def _version(weight: torch.Tensor) -> int:
-    """The version counter of the weight's main_grad (every in-place torch write moves it)."""
+def _version(weight: torch.Tensor) -> tuple[int, int]:
+    """The weight's main_grad and its version counter (every in-place torch write moves it);
+    a buffer replaced since (Megatron-FSDP hands out buffers) reads as another version."""
     buffer = getattr(weight, "main_grad", None)
-    return buffer._version if isinstance(buffer, torch.Tensor) else -1
+    return (id(buffer), buffer._version) if isinstance(buffer, torch.Tensor) else (0, -1)
 
 
 def _delays_wgrad(module: Any) -> bool:
