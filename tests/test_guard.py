@@ -546,6 +546,13 @@ def _unseen_writer(pytorch):
     return layer, run
 
 
+def _no_rows(pytorch):
+    layer = _one_layer(pytorch, loses=True)
+    # An expert routed no tokens: its weight gradient is zero, so a GEMM skipped for it
+    # (TE may skip empty ones) loses nothing.
+    return layer, lambda x: layer(x[:0]).sum().backward()
+
+
 def _replaced_buffer(pytorch):
     layer = _one_layer(pytorch, loses=True)
 
@@ -557,7 +564,7 @@ def _replaced_buffer(pytorch):
 
 
 @pytest.mark.parametrize("case", [_frozen, _no_backward, _delayed, _not_fused, _unseen_writer,
-                                  _replaced_buffer])
+                                  _replaced_buffer, _no_rows])
 def test_no_qa009_where_no_write_was_due_or_one_was_made(fake_te, case):
     torch.manual_seed(0)
     layer, run = case(fake_te)

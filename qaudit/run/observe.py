@@ -23,7 +23,9 @@ fact is read from their own code as it runs.
   output's gradient arrived) with weights that need a gradient, yet no write into their
   `main_grad` followed (no GEMM write, the buffer untouched, no `.grad`), is a gradient that
   never arrived: `Observation.missing`. Not for a module that delays its wgrad to
-  `backward_dw` (TE's `delay_wgrad_compute`): its writes may come after the step's end.
+  `backward_dw` (TE's `delay_wgrad_compute`): its writes may come after the step's end; nor
+  for a call with no rows (an expert routed no tokens): its gradient is zero, so a GEMM
+  skipped for it loses nothing.
 - **`numeric`.** Each write is measured: the buffer before and after, and the call's own
   weight gradient from the same GEMM on the same operands into a scratch buffer.
 """
@@ -362,7 +364,8 @@ class LiveObserver:
                 return
             if fused:
                 self._armed[record.module].append(record)
-                self._pending[id(record)] = (module, [(w, _version(w)) for w in weights])
+                if tensor.numel():  # no rows (an expert routed no tokens): a zero gradient
+                    self._pending[id(record)] = (module, [(w, _version(w)) for w in weights])
                 return
             self._decide(record, "autograd")
             for weight in weights:

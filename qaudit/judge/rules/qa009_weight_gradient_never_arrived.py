@@ -21,7 +21,8 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     Not reported for frozen weights (they need no gradient), for a module whose output got
     no gradient (its backward never ran), for Megatron's own non-fused path (the gradient
     goes to `.grad`), or for a module that delays its wgrad to `backward_dw` (TE's
-    `delay_wgrad_compute`: the write may come after the watched step's end). Where another
+    `delay_wgrad_compute`: the write may come after the watched step's end), or for a call
+    with no rows (an expert routed no tokens: its gradient is zero). Where another
     call's write moved the same buffer, a missing write is not told apart from it (a miss can
     hide; no false alarm).
 
