@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from cli_helpers import run_in_process
-from qaudit.crosscheck import standin_mamba
+from qaudit.runtime.standin import mamba as standin_mamba
 
 pytestmark = pytest.mark.usefixtures("forget_megatron")
 
@@ -139,7 +139,7 @@ def test_the_training_path_runs_backward_into_every_input():
 
 
 def test_packed_sequences_are_not_run_on_cpu():
-    from qaudit.crosscheck.standin_te import NotOnCPU
+    from qaudit.runtime.standin.te_package import NotOnCPU
 
     x = torch.randn(1, 2, 4)
     with pytest.raises(NotOnCPU):
@@ -271,7 +271,7 @@ def test_fp8_recompute_of_mlp_is_compared_through_the_run(megatron, monkeypatch,
 
 
 def test_te_checkpoint_binds_keywords_and_returns_parameters_as_they_are():
-    from qaudit.crosscheck import standin_te
+    from qaudit.runtime.standin import te_package as standin_te
 
     weight = torch.nn.Parameter(torch.ones(3))
     bias = torch.nn.Parameter(torch.zeros(3))

@@ -79,7 +79,7 @@ def _quiet_megatron() -> Iterator[None]:
 def _not_built_here(config: "ModelConfig") -> str | None:
     """Models the upstream builder does not build yet: said in the report, never compared
     against the wrong upstream class."""
-    from qaudit.crosscheck.environment import importable
+    from qaudit.runtime.standin.boot import importable
 
     if config.is_hybrid and not importable("einops"):
         return ("hybrid (Mamba) models: einops is not importable beside Megatron (its Mamba "
@@ -192,7 +192,7 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
     import torch
 
     from qaudit.crosscheck import upstream_build
-    from qaudit.crosscheck.environment import upstream_environment
+    from qaudit.runtime.standin.boot import upstream_environment
 
     # As in qaudit's own audit: the shrunk tensors are tiny, extra intra-op threads only spin.
     torch.set_num_threads(1)

@@ -4,7 +4,7 @@ calls of TE's own modules are recorded there.
 Three sides (`TESide`), decided once in the audit process, before the worker forks:
 - `standin`: no TE importable; qaudit's stand-in package (standin_te.py) is Megatron's TE.
 - `te-cpu`: TE's Python is importable, no CUDA device is visible, and qaudit's CPU kernel
-  stand-in serves that release (qaudit/runtime/te_cpu): Megatron's TE wrappers subclass TE's
+  stand-in serves that release (qaudit/runtime/standin): Megatron's TE wrappers subclass TE's
   own modules, which run on the kernel stand-in. Calls are recorded by `observing`.
 - `real`: TE and a CUDA device: compared as built (calls are not recorded there yet).
 
@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 import torch
 
-from qaudit.crosscheck import standin_te
+from qaudit.runtime.standin import te_package as standin_te
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,8 @@ def real_te_available() -> bool:
 def decide() -> TESide:
     """Which TE side this machine gives, without importing TE (the audit process must stay
     free of the pose until its own runtime chooses)."""
-    from qaudit.runtime import te_cpu
-    from qaudit.runtime.te_cpu import host
+    from qaudit.runtime.standin import te_python as te_cpu
+    from qaudit.runtime.standin import host
 
     if not real_te_available():
         return TESide("standin")
@@ -82,7 +82,7 @@ def _te_classes() -> tuple[type, ...]:
 def _observed(forward: Any, probe: standin_te.CallProbe) -> Any:
     from qaudit.run.observe import executed_quant, flag_of
     from qaudit.runtime.te import _observe_wgrad_gemm, _WeightCasts
-    from qaudit.runtime.te_cpu import kernels
+    from qaudit.runtime.standin import kernels
 
     signature = inspect.signature(forward)
 
@@ -138,7 +138,7 @@ def observing(probe: standin_te.CallProbe) -> Iterator[None]:
 
 
 def _recorded_gemm(gemm: Any) -> Any:
-    from qaudit.crosscheck.standin_gemm import record_write
+    from qaudit.runtime.standin.gemm import record_write
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         result = gemm(*args, **kwargs)

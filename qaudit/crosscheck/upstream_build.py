@@ -22,14 +22,15 @@ from typing import Any, Iterator
 
 import torch
 
-from qaudit.crosscheck import standin_te, te_side
-from qaudit.crosscheck.standin_gemm import output_writes
+from qaudit.crosscheck import te_side
+from qaudit.runtime.standin import te_package as standin_te
+from qaudit.runtime.standin.gemm import output_writes
 from qaudit.crosscheck.facts import BuiltModel, ModuleFacts, will_execute_label
 from qaudit.crosscheck.upstream_config import UpstreamInput
 from qaudit.model.probe import CallRecord
 from qaudit.run.fsdp import NO_FSDP, FsdpGrads
 from qaudit.run.observe import LiveObserver
-from qaudit.runtime.te_cpu.storage import NotStoodIn
+from qaudit.runtime.standin.storage import NotStoodIn
 from qaudit.run.rows import (accumulation_of, calls_per_microbatch, precision_of,
                              weight_cache_of)
 from qaudit.run.train import (apply_update, attach_grad_buffers, drain_into_sharded_grads,
@@ -418,7 +419,7 @@ def _build_hybrid(config: Any, upstream: UpstreamInput, stage: int, stages: int,
                   chunks: int | None, extra: dict[str, Any]) -> tuple[Any, dict[str, str]]:
     """One HybridModel chunk, as hybrid_builders.py builds it: the stack spec (whose
     mtp_block_spec builds the MTP depths from the pattern) and the pattern arguments."""
-    from qaudit.crosscheck.environment import mamba_bound
+    from qaudit.runtime.standin.boot import mamba_bound
 
     classes = hybrid_classes()
     mamba_bound()

@@ -1,6 +1,6 @@
 """`qaudit guard --cpu`: a real Megatron training script on a machine without a GPU, for
 tests and demonstrations (docs/guard.md). The process gets, for its whole life, what the
-cross-check's worker gets around one build (qaudit/crosscheck/environment.py): Transformer
+cross-check's worker gets around one build (qaudit/runtime/standin/boot.py): Transformer
 Engine's own Python on qaudit's CPU kernel stand-in, torch.cuda's answers for a CPU process,
 the stand-ins for Megatron's CUDA-only calls, and gloo for any process group the script
 starts (a CPU has no NCCL).
@@ -47,7 +47,8 @@ def boot() -> None:
     global _stack
     if _stack is not None:
         return
-    from qaudit.crosscheck import environment, te_side
+    from qaudit.crosscheck import te_side
+    from qaudit.runtime.standin import boot as environment
     from qaudit.errors import EnvironmentProblem
 
     side = te_side.decide()
@@ -70,7 +71,7 @@ def boot() -> None:
 def _after_megatron(callback: Any) -> None:
     """Megatron's own modules get their stand-ins once `megatron.core` has been imported;
     a Megatron-LM launch's parsed flags are looked at once its arguments module is."""
-    from qaudit.crosscheck import environment
+    from qaudit.runtime.standin import boot as environment
     from qaudit.guard.hooks import after_import
 
     after_import("megatron.core", lambda module: callback())

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 
-from qaudit.crosscheck import standin_gemm, standin_mamba, standin_te
-from qaudit.crosscheck.environ_vars import temporarily_set
+from qaudit.runtime.standin import gemm as standin_gemm, mamba as standin_mamba, te_package as standin_te
+from qaudit.runtime.standin.environ_vars import temporarily_set
 from qaudit.errors import EnvironmentProblem
 
 if TYPE_CHECKING:
@@ -229,7 +229,7 @@ def _deterministic_without_inductor() -> Iterator[None]:
 
 def _cpu_cuda_answers() -> contextlib.ExitStack:
     """torch.cuda questions Megatron asks while building on CPU, answered for a CPU process.
-    Also under TE's CPU pose (qaudit/runtime/te_cpu/host.py), which answers TE's questions
+    Also under TE's CPU pose (qaudit/runtime/standin/host.py), which answers TE's questions
     but not all of Megatron's (RNG state)."""
     stack = contextlib.ExitStack()
     if _real_cuda():
@@ -462,7 +462,7 @@ def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[N
     `te`: the TE side decided in the audit process (crosscheck/te_side.py `decide`, which
     also refuses the sides this machine cannot give): `real` stands nothing in for TE or
     CUDA; `te-cpu` boots TE's own Python on qaudit's CPU kernel stand-in
-    (qaudit/runtime/te_cpu) and stands in the rest of CUDA; `standin` puts qaudit's stand-in
+    (qaudit/runtime/standin) and stands in the rest of CUDA; `standin` puts qaudit's stand-in
     TE package in place.
     `allow_import`: --allow-import, Megatron may import a recipe's custom factory."""
     environment = dict(os.environ)
@@ -482,7 +482,7 @@ def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[N
 
 def _real_cuda() -> bool:
     """A CUDA device is really there (TE's CPU pose makes torch.cuda.is_available() say yes)."""
-    from qaudit.runtime.te_cpu import host
+    from qaudit.runtime.standin import host
 
     return host.real_cuda_available()
 
@@ -490,7 +490,7 @@ def _real_cuda() -> bool:
 def _boot_te_on_cpu() -> None:
     """TE's Python on qaudit's kernel stand-in, in this (forked worker) process: Megatron's
     `import transformer_engine` then binds TE's own package."""
-    from qaudit.runtime import te_cpu
+    from qaudit.runtime.standin import te_python as te_cpu
 
     if standin_te.installed_standin():
         raise EnvironmentProblem("--cross-check: qaudit's stand-in TE was imported earlier in "

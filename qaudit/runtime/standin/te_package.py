@@ -7,7 +7,7 @@ in pure PyTorch, qaudit/runtime/reference.py), with TE's constructor keywords an
 names, and records what each call received: the `is_first_microbatch` Megatron passed, grad
 mode, the precision it executed in, and each backward's wgrad decision.
 
-It is put into `sys.modules` only by `qaudit.crosscheck.environment`, only while the
+It is put into `sys.modules` only by `qaudit.runtime.standin.boot`, only while the
 cross-check builds and runs upstream's model, and never when a real TE is importable. The
 package objects are made once per process: Megatron's modules keep references to them after
 they are imported, so every later build must see the same objects (the recorder is swapped).
@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from qaudit.crosscheck import standin_gemm
+from qaudit.runtime.standin import gemm as standin_gemm
 from qaudit.load.precision import Quant
 from qaudit.model.probe import Recorder
 from qaudit.runtime import reference, te_rules
