@@ -509,7 +509,7 @@ def test_the_report_names_the_te_megatron_ran_on(megatron, monkeypatch, capsys):
 
 
 def test_a_real_te_without_cuda_is_never_shadowed(megatron, monkeypatch, capsys):
-    monkeypatch.setattr("qaudit.crosscheck.te_side.real_te_available", lambda: True)
+    monkeypatch.setattr("qaudit.runtime.standin.side.real_te_available", lambda: True)
     code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
                                     "--cross-check")
     assert code == 3 and not out

@@ -190,7 +190,7 @@ def test_each_refusal_is_upstreams_own(megatron, case):
     import shlex
 
     from qaudit.runtime.standin.boot import upstream_environment
-    from qaudit.crosscheck.te_side import TESide
+    from qaudit.runtime.standin.side import TESide
     from qaudit.crosscheck.upstream_config import ArgumentsRejected, upstream_arguments
 
     flags = REFUSED[case][0] if case in REFUSED else ACCEPTED[case]
@@ -223,7 +223,7 @@ def test_the_cross_check_starts_the_accepted_files_as_upstream_does(megatron, na
     does: the inference test under torch.inference_mode(), and the config's non-field
     attributes (yarn_*) kept for the rebuilt TransformerConfig."""
     from qaudit.runtime.standin.boot import upstream_environment
-    from qaudit.crosscheck.te_side import TESide
+    from qaudit.runtime.standin.side import TESide
     from qaudit.crosscheck.upstream_config import argv_strings, from_arguments
 
     config = load(CORPUS / name)

@@ -329,7 +329,7 @@ def test_the_model_field_refusals_are_megatron_cores_own(megatron, tmp_path, cas
     import json
 
     from qaudit.runtime.standin.boot import upstream_environment
-    from qaudit.crosscheck.te_side import TESide
+    from qaudit.runtime.standin.side import TESide
 
     fields, words = MCORE_CASES[case]
     base = dict(num_layers=4, hidden_size=64, num_attention_heads=4)

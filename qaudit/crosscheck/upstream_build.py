@@ -498,7 +498,7 @@ def linear_modules(chunks: list[Chunk]) -> list[tuple[str, torch.nn.Module]]:
     return found
 
 
-def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
+def run_training(chunks: list[Chunk], probe: CallProbe, steps: int,
                  microbatches: int, vocab: int, seq_length: int, seed: int = 0,
                  fsdp: FsdpGrads = NO_FSDP, values: bool = True,
                  observer: LiveObserver | None = None) -> None:
@@ -586,7 +586,7 @@ def _tracked(records: list[CallRecord]) -> str:
     return "yes" if any(r.flag is True and r.step > 0 for r in records) else "stale"
 
 
-def module_facts(chunks: list[Chunk], probe: standin_te.CallProbe | None,
+def module_facts(chunks: list[Chunk], probe: CallProbe | None,
                  mcore_decisions: dict[str, list[str]]) -> list[ModuleFacts]:
     records: dict[str, list[CallRecord]] = defaultdict(list)
     if probe is not None:
@@ -628,7 +628,7 @@ def _assign_decisions(records: list[CallRecord], decisions: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def observe_mcore_linears(chunks: list[Chunk], probe: standin_te.CallProbe
+def observe_mcore_linears(chunks: list[Chunk], probe: CallProbe
                           ) -> Iterator[dict[str, list[str]]]:
     """Record calls of Megatron's own linears (forward pre-hooks) and how their wgrad GEMMs
     wrote main_grad (by buffer: APEX's kernel adds; TE's general_gemm as upstream asked)."""
@@ -685,7 +685,7 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
         return BuiltModel(module_facts(chunks, None, {}), ran=False, notes=notes)
     if te_on_cpu:
         notes.extend(_unfused_attention_on_cpu(chunks))
-    probe = standin_te.CallProbe()
+    probe = CallProbe()
     probe.names = {id(module): name for name, module in linear_modules(chunks)}
     try:
         guarded = contextlib.nullcontext()

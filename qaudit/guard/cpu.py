@@ -47,7 +47,7 @@ def boot() -> None:
     global _stack
     if _stack is not None:
         return
-    from qaudit.crosscheck import te_side
+    from qaudit.runtime.standin import side as te_side
     from qaudit.runtime.standin import boot as environment
     from qaudit.errors import EnvironmentProblem
 

@@ -28,7 +28,7 @@ from qaudit.runtime.standin.environ_vars import temporarily_set
 from qaudit.errors import EnvironmentProblem
 
 if TYPE_CHECKING:
-    from qaudit.crosscheck.te_side import TESide
+    from qaudit.runtime.standin.side import TESide
 
 # Megatron modules that import triton unconditionally at their top and that the GPT/MoE build
 # imports (their kernels are never called on the cross-check's path): replaced by empty
@@ -459,7 +459,7 @@ def megatron_stand_ins(te: "TESide", stack: contextlib.ExitStack, allow_import: 
 @contextlib.contextmanager
 def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[None]:
     """Import the user's Megatron and let it build and train here (see the module docstring).
-    `te`: the TE side decided in the audit process (crosscheck/te_side.py `decide`, which
+    `te`: the TE side decided in the audit process (qaudit/runtime/standin/side.py `decide`, which
     also refuses the sides this machine cannot give): `real` stands nothing in for TE or
     CUDA; `te-cpu` boots TE's own Python on qaudit's CPU kernel stand-in
     (qaudit/runtime/standin) and stands in the rest of CUDA; `standin` puts qaudit's stand-in

@@ -28,7 +28,6 @@ import torch.nn.functional as F
 
 from qaudit.runtime.standin import gemm as standin_gemm
 from qaudit.load.precision import Quant
-from qaudit.model.probe import Recorder
 from qaudit.runtime import reference, te_rules
 
 # The TE release the stand-in claims to be: new enough for every recipe Megatron can select
@@ -36,22 +35,13 @@ from qaudit.runtime import reference, te_rules
 VERSION = "2.14.0"
 
 
-class CallProbe:
-    """Names the stand-in modules and records their calls for one upstream build."""
-
-    def __init__(self) -> None:
-        self.recorder = Recorder()
-        self.names: dict[int, str] = {}  # id(module) -> its name in upstream's model
-
-    def name_of(self, module: torch.nn.Module) -> str | None:
-        return self.names.get(id(module))
-
-
-_probe: CallProbe | None = None
+# The cross-check's CallProbe (qaudit/crosscheck/probe.py) while it runs upstream's model: it
+# names the stand-in modules and records their calls (`name_of`, `recorder`).
+_probe: Any = None
 
 
 @contextlib.contextmanager
-def probing(probe: CallProbe) -> Iterator[CallProbe]:
+def probing(probe: Any) -> Iterator[Any]:
     global _probe
     previous, _probe = _probe, probe
     try:
