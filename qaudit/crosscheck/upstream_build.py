@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import torch
 
 from qaudit.crosscheck import te_side
+from qaudit.crosscheck.probe import CallProbe
 from qaudit.runtime.standin import te_package as standin_te
 from qaudit.runtime.standin.gemm import output_writes
 from qaudit.crosscheck.facts import BuiltModel, ModuleFacts, will_execute_label
