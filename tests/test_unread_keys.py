@@ -328,7 +328,7 @@ def test_the_model_field_refusals_are_megatron_cores_own(megatron, tmp_path, cas
     words qaudit quotes (and qaudit refuses the YAML of those fields)."""
     import json
 
-    from qaudit.runtime.standin.boot import upstream_environment
+    from qaudit.crosscheck.build_scope import upstream_environment
     from qaudit.runtime.standin.side import TESide
 
     fields, words = MCORE_CASES[case]

@@ -192,7 +192,7 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
     import torch
 
     from qaudit.crosscheck import upstream_build
-    from qaudit.runtime.standin.boot import upstream_environment
+    from qaudit.crosscheck.build_scope import upstream_environment
 
     # As in qaudit's own audit: the shrunk tensors are tiny, extra intra-op threads only spin.
     torch.set_num_threads(1)

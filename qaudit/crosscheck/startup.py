@@ -48,7 +48,7 @@ def startup_answer(config: "ModelConfig", recipe: "QuantRecipe | None", allow_im
     """In the worker: the config through the installed Megatron's own validation. The
     answer counts only if the Megatron imported is the one at `root`, the report's."""
     from qaudit.crosscheck import _quiet_megatron, _upstream_input, upstream_build
-    from qaudit.runtime.standin.boot import upstream_environment
+    from qaudit.crosscheck.build_scope import upstream_environment
     from qaudit.errors import EnvironmentProblem
 
     import torch

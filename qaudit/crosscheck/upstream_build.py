@@ -420,7 +420,7 @@ def _build_hybrid(config: Any, upstream: UpstreamInput, stage: int, stages: int,
                   chunks: int | None, extra: dict[str, Any]) -> tuple[Any, dict[str, str]]:
     """One HybridModel chunk, as hybrid_builders.py builds it: the stack spec (whose
     mtp_block_spec builds the MTP depths from the pattern) and the pattern arguments."""
-    from qaudit.runtime.standin.boot import mamba_bound
+    from qaudit.crosscheck.build_scope import mamba_bound
 
     classes = hybrid_classes()
     mamba_bound()

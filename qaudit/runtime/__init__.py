@@ -31,15 +31,19 @@ def te_unavailable_reason(device: str | None = None) -> str:
                 "in your clone of qaudit: pip install \".[te]\"; without one, TE's pure-Python "
                 "package runs on qaudit's CPU kernel stand-in; see docs/te-runtime.md)")
     if _uses_stand_in(device):
-        from qaudit.runtime.standin import te_python as te_cpu
+        from qaudit.runtime.standin import boot, te_python
+        from qaudit.runtime.standin.side import TESide
 
-        reason = te_cpu.unsupported_reason(te_cpu.te_version())
+        version = te_python.te_version()
+        reason = te_python.unsupported_reason(version)
         if reason:
             return f"no CUDA device is visible, and {reason}"
         try:
-            te_cpu.boot()
+            boot.enter(TESide("te-cpu", version))
+        except boot.NotBooted as exc:
+            return str(exc)
         except Exception as exc:  # noqa: BLE001 - a broken install is reported, not raised
-            return f"Transformer Engine does not import on the {te_cpu.STAND_IN}: {_first_line(exc)}"
+            return f"Transformer Engine does not import on the {te_python.STAND_IN}: {_first_line(exc)}"
         return ""
     try:
         importlib.import_module("transformer_engine.pytorch")
