@@ -11,7 +11,10 @@ cannot get from a CPU build of torch lives here, and only here (docs/design.md):
 - te_package.py: qaudit's own stand-in `transformer_engine` package, where no TE is
   importable (gemm.py: its GEMM and APEX's fused wgrad kernel);
 - mamba.py: `mamba_ssm` and `causal_conv1d` in PyTorch;
-- boot.py: the boot, what a process needs before and after Megatron is imported.
+- side.py: which TE a process runs the user's Megatron on (`decide`);
+- boot.py: the one boot entry, `enter`, that every user calls (TE alone for the te
+  runtime; with `megatron`, what Megatron needs before and inside its own modules);
+- environ_vars.py: environment switches set around one upstream call.
 
 Nothing here imports the cross-check, the guard or the commands (tests/test_architecture.py).
 """
