@@ -1,5 +1,5 @@
 """--cross-check of the model families beside GPT: hybrid (Mamba) models, with the CPU
-stand-ins for mamba_ssm and causal_conv1d (qaudit/crosscheck/standin_mamba.py), against
+stand-ins for mamba_ssm and causal_conv1d (qaudit/runtime/standin/mamba.py), against
 megatron-core 0.19.2's HybridModel; encoder-decoder (T5) models against its T5Model; TE's
 activation checkpoint with keyword arguments; and (slow) every hybrid and T5 file of the
 corpus, Megatron's and Megatron-Bridge's, read in place."""

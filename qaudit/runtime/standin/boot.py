@@ -115,7 +115,7 @@ def _kernel_module(name: str) -> types.ModuleType:
 
 
 def _mamba_standins() -> dict[str, types.ModuleType]:
-    """The CPU stand-ins for mamba_ssm and causal_conv1d (qaudit/crosscheck/standin_mamba.py),
+    """The CPU stand-ins for mamba_ssm and causal_conv1d (qaudit/runtime/standin/mamba.py),
     each package only where no real one is importable (a real one is never shadowed)."""
     entries = {}
     for top in ("mamba_ssm", "causal_conv1d"):
