@@ -437,4 +437,3 @@ def test_every_stand_in_module_answers_find_spec(monkeypatch):
         spec = importlib.util.find_spec(name)
         assert spec is not None and spec.name == name, name
         assert (spec.submodule_search_locations is not None) == hasattr(module, "__path__"), name
-
