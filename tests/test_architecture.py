@@ -158,6 +158,92 @@ def test_the_circle_test_sees_annotation_and_function_imports():
     assert first_circle({"a": {"b"}, "b": set()}) is None
 
 
+# The room for what stands in for upstream's CUDA-only pieces on a CPU (docs/design.md): the
+# cross-check, the te runtime on a CPU and the guard's --cpu are its users.
+ROOM = "qaudit.runtime.standin"
+BOOT = "qaudit.runtime.standin.boot"
+# The boot's parts, which only its `enter` may call from outside the room.
+BOOT_PARTS = {BOOT: {"_process_stand_ins", "_megatron_stand_ins", "_boot_te_on_cpu"},
+              "qaudit.runtime.standin.te_python": {"boot"}}
+ROOM_ENTERED_BY = ("qaudit.crosscheck.build_scope", "qaudit.guard.cpu", "qaudit.runtime")
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _room() -> list[str]:
+    room = [name for name in MODULES if _within(name, ROOM)]
+    assert BOOT in room and len(room) > 5, room  # the room is there to be checked
+    return room
+
+
+def test_the_room_imports_none_of_its_users():
+    """The stand-ins know nothing of who uses them: no import of the cross-check, the guard
+    or the commands from the room, lazy and annotation-only ones included."""
+    users = ("qaudit.crosscheck", "qaudit.guard", "qaudit.commands", "qaudit.cli")
+    reached = {name: sorted(m for m in _imports_used(name)
+                            if any(_within(m, user) for user in users)) for name in _room()}
+    assert not {name: used for name, used in reached.items() if used}
+
+
+@pytest.mark.parametrize("user", ["qaudit.guard", "qaudit.runtime.te", "qaudit.runtime"])
+def test_the_guard_and_the_te_runtime_reach_the_stand_ins_only_through_the_room(user):
+    """The guard's --cpu and the te runtime take what they stand in from the room, never from
+    the cross-check (where the boot used to live)."""
+    names = [name for name in MODULES
+             if name == user or (user == "qaudit.guard" and _within(name, user))]
+    reached = {name: sorted(m for m in _imports_used(name) if _within(m, "qaudit.crosscheck"))
+               for name in names}
+    assert names and not {name: used for name, used in reached.items() if used}
+
+
+def _bound_to(tree: ast.AST, module: str) -> set[str]:
+    """The local names an import binds to `module` (`from a import b [as c]`,
+    `import a.b as c`)."""
+    parent, _, leaf = module.rpartition(".")
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == parent and not node.level:
+            names |= {alias.asname or alias.name for alias in node.names if alias.name == leaf}
+        elif isinstance(node, ast.Import):
+            names |= {alias.asname for alias in node.names if alias.name == module
+                      and alias.asname}
+    return names
+
+
+def _attributes_used(tree: ast.AST, module: str, attributes: set[str]) -> set[str]:
+    """Which of `attributes` of `module` the code names (`module.x`, `from module import x`)."""
+    bound = _bound_to(tree, module)
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id in bound
+            and node.attr in attributes}
+    return used | {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                   and node.module == module for alias in node.names
+                   if alias.name in attributes}
+
+
+def test_the_room_has_one_boot_entry_that_its_three_users_call():
+    """Every user comes in through `boot.enter`; no module outside the room boots TE on the
+    kernel stand-in or enters the stand-ins for Megatron by itself."""
+    room = set(_room())
+    past_the_entry = {name: sorted(used) for name, path in MODULES.items() if name not in room
+                      for module, parts in BOOT_PARTS.items()
+                      if (used := _attributes_used(ast.parse(path.read_text()), module, parts))}
+    assert not past_the_entry
+    for name in ROOM_ENTERED_BY:
+        assert _attributes_used(ast.parse(MODULES[name].read_text()), BOOT, {"enter"}), name
+
+
+def test_the_boot_entry_check_sees_aliases_and_from_imports():
+    tree = ast.parse("from qaudit.runtime.standin import boot as room, te_python\n"
+                     "from qaudit.runtime.standin.boot import _process_stand_ins\n"
+                     "room.enter(side)\nte_python.boot()\n")
+    assert _attributes_used(tree, BOOT, {"enter", "_process_stand_ins"}) == {
+        "enter", "_process_stand_ins"}
+    assert _attributes_used(tree, "qaudit.runtime.standin.te_python", {"boot"}) == {"boot"}
+
+
 def test_every_module_is_in_a_stage():
     assert all(stage_of(name) in STAGES for name in MODULES)
 

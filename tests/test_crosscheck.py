@@ -113,7 +113,7 @@ def test_weight_cache_uses_read_step_by_step():
 
 
 def test_the_stand_in_te_marks_weights_built_under_quantized_init_as_primary():
-    from qaudit.crosscheck import standin_te
+    from qaudit.runtime.standin import te_package as standin_te
 
     outside = standin_te.Linear(8, 8)
     with standin_te.fp8_model_init(enabled=True):
@@ -130,7 +130,7 @@ def test_the_stand_in_te_marks_weights_built_under_quantized_init_as_primary():
 def test_the_stand_in_te_computes_no_products(grouped):
     """Nothing the cross-check compares is a value: the stand-in's GEMMs are value-free."""
     from product_count import CountProducts
-    from qaudit.crosscheck import standin_te
+    from qaudit.runtime.standin import te_package as standin_te
 
     module = (standin_te.GroupedLinear(3, 8, 6, fuse_wgrad_accumulation=True, bias=False)
               if grouped else standin_te.Linear(8, 6, fuse_wgrad_accumulation=True, bias=False))
@@ -289,8 +289,8 @@ def test_primary_quantized_weights_agree_with_megatron(megatron, monkeypatch, ca
         """)
     code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
     assert report["cross_check"]["ran"] and report["cross_check"]["differences"] == []
-    monkeypatch.setattr("qaudit.crosscheck.standin_te._quantized_init", [False])
-    monkeypatch.setattr("qaudit.crosscheck.standin_te.fp8_model_init",
+    monkeypatch.setattr("qaudit.runtime.standin.te_package._quantized_init", [False])
+    monkeypatch.setattr("qaudit.runtime.standin.te_package.fp8_model_init",
                         lambda *a, **k: contextlib.nullcontext())
     code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
     assert {d["field"] for d in report["cross_check"]["differences"]} == {"weight_cache"}
@@ -509,7 +509,7 @@ def test_the_report_names_the_te_megatron_ran_on(megatron, monkeypatch, capsys):
 
 
 def test_a_real_te_without_cuda_is_never_shadowed(megatron, monkeypatch, capsys):
-    monkeypatch.setattr("qaudit.crosscheck.te_side.real_te_available", lambda: True)
+    monkeypatch.setattr("qaudit.runtime.standin.side.real_te_available", lambda: True)
     code, out, err = run_in_process(monkeypatch, capsys, "check", "configs/gpt-small-bf16.yaml",
                                     "--cross-check")
     assert code == 3 and not out
@@ -544,7 +544,7 @@ def test_a_megatron_module_importing_triton_at_its_top_is_served_as_kernels(tmp_
     imports triton at its top level is served as a kernel module, found by reading it."""
     import importlib
 
-    from qaudit.crosscheck import environment
+    from qaudit.runtime.standin import boot as environment
 
     package = tmp_path / "megatron" / "core" / "ssm" / "ops" / "mamba2"
     package.mkdir(parents=True)

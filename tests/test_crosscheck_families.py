@@ -1,5 +1,5 @@
 """--cross-check of the model families beside GPT: hybrid (Mamba) models, with the CPU
-stand-ins for mamba_ssm and causal_conv1d (qaudit/crosscheck/standin_mamba.py), against
+stand-ins for mamba_ssm and causal_conv1d (qaudit/runtime/standin/mamba.py), against
 megatron-core 0.19.2's HybridModel; encoder-decoder (T5) models against its T5Model; TE's
 activation checkpoint with keyword arguments; and (slow) every hybrid and T5 file of the
 corpus, Megatron's and Megatron-Bridge's, read in place."""
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from cli_helpers import run_in_process
-from qaudit.crosscheck import standin_mamba
+from qaudit.runtime.standin import mamba as standin_mamba
 
 pytestmark = pytest.mark.usefixtures("forget_megatron")
 
@@ -139,7 +139,7 @@ def test_the_training_path_runs_backward_into_every_input():
 
 
 def test_packed_sequences_are_not_run_on_cpu():
-    from qaudit.crosscheck.standin_te import NotOnCPU
+    from qaudit.runtime.standin.te_package import NotOnCPU
 
     x = torch.randn(1, 2, 4)
     with pytest.raises(NotOnCPU):
@@ -271,7 +271,7 @@ def test_fp8_recompute_of_mlp_is_compared_through_the_run(megatron, monkeypatch,
 
 
 def test_te_checkpoint_binds_keywords_and_returns_parameters_as_they_are():
-    from qaudit.crosscheck import standin_te
+    from qaudit.runtime.standin import te_package as standin_te
 
     weight = torch.nn.Parameter(torch.ones(3))
     bias = torch.nn.Parameter(torch.zeros(3))

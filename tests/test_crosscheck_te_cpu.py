@@ -213,7 +213,7 @@ NVFP4_PRIMARY = textwrap.dedent("""\
     fp4_param: true
     """)
 _WITHOUT_NVFP4_CAST = textwrap.dedent("""\
-    from qaudit.runtime.te_cpu import storage
+    from qaudit.runtime.standin import storage
     _family = storage.family
     def _without_nvfp4(quantizer):
         if type(quantizer).__name__ == "NVFP4Quantizer":

@@ -407,7 +407,7 @@ def test_the_flags_that_cannot_run_on_a_cpu_are_named_with_why():
 def test_megatrons_type_name_checks_see_cuda_names_under_the_cpu_pose():
     """clip_grads.py asserts 'torch.cuda.FloatTensor' for every gradient; the BF16 optimizer
     sorts parameters by 'torch.cuda.BFloat16Tensor'. Conversions stay torch's own."""
-    from qaudit.crosscheck import environment
+    from qaudit.runtime.standin import boot as environment
 
     with environment._cuda_type_names():
         assert torch.zeros(1).type() == "torch.cuda.FloatTensor"
@@ -418,7 +418,7 @@ def test_megatrons_type_name_checks_see_cuda_names_under_the_cpu_pose():
 
 
 def test_the_kernel_stand_in_has_no_fused_attention_in_either_calling_convention():
-    from qaudit.runtime.te_cpu import kernels
+    from qaudit.runtime.standin import kernels
 
     tex = kernels.build(with_max512_backend=False)
     none = tex.NVTE_Fused_Attn_Backend.NVTE_No_Backend
@@ -429,8 +429,9 @@ def test_the_kernel_stand_in_has_no_fused_attention_in_either_calling_convention
 
 def _every_stand_in_module() -> dict:
     """Every module object qaudit puts into sys.modules for a CPU run, by name."""
-    from qaudit.crosscheck import environment, standin_mamba, standin_te
-    from qaudit.runtime.te_cpu import kernels
+    from qaudit.runtime.standin import boot as environment, mamba as standin_mamba
+    from qaudit.runtime.standin import te_package as standin_te
+    from qaudit.runtime.standin import kernels
 
     modules = {**standin_te.package().modules, **standin_mamba.modules(),
                "fused_weight_gradient_mlp_cuda": environment._fused_wgrad_module(),

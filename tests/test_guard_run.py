@@ -230,7 +230,7 @@ def test_the_python_api_guards_a_script_that_calls_it(tmp_path):
 
 DELAYED = """
 import json, torch
-from qaudit.runtime import te_cpu
+from qaudit.runtime.standin import te_python as te_cpu
 te_cpu.boot()
 import transformer_engine.pytorch as te
 from qaudit.run.observe import LiveObserver

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qaudit.crosscheck import standin_gemm
+from qaudit.runtime.standin import gemm as standin_gemm
 
 
 @pytest.fixture(autouse=True)

@@ -189,8 +189,8 @@ def test_each_refusal_is_upstreams_own(megatron, case):
     core_transformer_config_from_args: refused with the same text, or accepted."""
     import shlex
 
-    from qaudit.crosscheck.environment import upstream_environment
-    from qaudit.crosscheck.te_side import TESide
+    from qaudit.crosscheck.build_scope import upstream_environment
+    from qaudit.runtime.standin.side import TESide
     from qaudit.crosscheck.upstream_config import ArgumentsRejected, upstream_arguments
 
     flags = REFUSED[case][0] if case in REFUSED else ACCEPTED[case]
@@ -222,8 +222,8 @@ def test_the_cross_check_starts_the_accepted_files_as_upstream_does(megatron, na
     """--cross-check hands both files to megatron-core 0.19.2's own start-up as their runner
     does: the inference test under torch.inference_mode(), and the config's non-field
     attributes (yarn_*) kept for the rebuilt TransformerConfig."""
-    from qaudit.crosscheck.environment import upstream_environment
-    from qaudit.crosscheck.te_side import TESide
+    from qaudit.crosscheck.build_scope import upstream_environment
+    from qaudit.runtime.standin.side import TESide
     from qaudit.crosscheck.upstream_config import argv_strings, from_arguments
 
     config = load(CORPUS / name)

@@ -1,4 +1,4 @@
-"""The te runtime on qaudit's CPU kernel stand-in (qaudit/runtime/te_cpu, docs/te-runtime.md).
+"""The te runtime on qaudit's CPU kernel stand-in (qaudit/runtime/standin, docs/te-runtime.md).
 
 Fast: the stand-in's GEMM and its observation of main_grad writes, without TE.
 Slow, per TE release that `scripts/fetch-te` unpacked (QAUDIT_TEST_TE_DIRS, ':'-separated;
@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from qaudit.runtime.te_cpu import kernels, unsupported_reason
+from qaudit.runtime.standin import kernels
+from qaudit.runtime.standin.te_python import unsupported_reason
 
 REPO = Path(__file__).resolve().parent.parent
 TE_DIRS = [Path(p) for p in os.environ.get("QAUDIT_TEST_TE_DIRS", "").split(":") if p]
@@ -253,7 +254,7 @@ def test_two_pending_backwards_of_one_weight_report_in_order():
 def test_the_stand_in_reads_te_s_version_through_the_bounded_reader(tmp_path, monkeypatch, odd):
     """A METADATA that is a symlink loop or a FIFO (a PYTHONPATH holding a PR's tree) is no
     version: never an OSError (exit 3) or a hang, as for --te auto (fuzz case version_env)."""
-    from qaudit.runtime import te_cpu
+    from qaudit.runtime.standin import te_python as te_cpu
 
     (tmp_path / "transformer_engine").mkdir()
     (tmp_path / "transformer_engine" / "__init__.py").write_text("")

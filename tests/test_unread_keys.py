@@ -328,8 +328,8 @@ def test_the_model_field_refusals_are_megatron_cores_own(megatron, tmp_path, cas
     words qaudit quotes (and qaudit refuses the YAML of those fields)."""
     import json
 
-    from qaudit.crosscheck.environment import upstream_environment
-    from qaudit.crosscheck.te_side import TESide
+    from qaudit.crosscheck.build_scope import upstream_environment
+    from qaudit.runtime.standin.side import TESide
 
     fields, words = MCORE_CASES[case]
     base = dict(num_layers=4, hidden_size=64, num_attention_heads=4)

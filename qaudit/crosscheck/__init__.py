@@ -25,7 +25,7 @@ from qaudit.run.observe import LiveObserver, NumericCheck, Observation, StrayWri
 from qaudit.run.rows import weight_cache_of
 
 if TYPE_CHECKING:
-    from qaudit.crosscheck.te_side import TESide
+    from qaudit.runtime.standin.side import TESide
     from qaudit.run.audit import AuditRun
     from qaudit.run.options import AuditOptions
     from qaudit.load.config import ModelConfig
@@ -40,7 +40,7 @@ class CrossCheck:
     differences: list[Difference]
     ran: bool  # upstream's forward and backward ran (else construction only)
     not_covered: list[str] = field(default_factory=list)  # what the comparison left out, why
-    te: str = ""  # the Transformer Engine Megatron ran on (te_side.TESide.describe)
+    te: str = ""  # the Transformer Engine Megatron ran on (standin.side.TESide.describe)
     # What the guard's observer saw of the upstream run (TE's own Python only), and its
     # verdict next to the audit's (qaudit/judge/guard_side.py); None where it did not run.
     observed: Observation | None = None
@@ -79,7 +79,7 @@ def _quiet_megatron() -> Iterator[None]:
 def _not_built_here(config: "ModelConfig") -> str | None:
     """Models the upstream builder does not build yet: said in the report, never compared
     against the wrong upstream class."""
-    from qaudit.crosscheck.environment import importable
+    from qaudit.runtime.standin.boot import importable
 
     if config.is_hybrid and not importable("einops"):
         return ("hybrid (Mamba) models: einops is not importable beside Megatron (its Mamba "
@@ -192,7 +192,7 @@ def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: in
     import torch
 
     from qaudit.crosscheck import upstream_build
-    from qaudit.crosscheck.environment import upstream_environment
+    from qaudit.crosscheck.build_scope import upstream_environment
 
     # As in qaudit's own audit: the shrunk tensors are tiny, extra intra-op threads only spin.
     torch.set_num_threads(1)
@@ -270,7 +270,7 @@ class UpstreamBuilder:
                  options: "AuditOptions", location: MegatronLocation) -> None:
         import multiprocessing
 
-        from qaudit.crosscheck import te_side
+        from qaudit.runtime.standin import side
 
         self.location = location
         self.not_covered: list[str] = []
@@ -279,10 +279,10 @@ class UpstreamBuilder:
         self.job: worker.ForkedWorker | None = None
         self.limits = worker.WorkerLimits(timeout_s=options.cross_check_timeout,
                                           memory_mib=options.cross_check_memory)
-        # Which TE Megatron runs on (te_side.py): qaudit's stand-in package, TE's own Python
+        # Which TE Megatron runs on (runtime/standin/side.py): qaudit's stand-in package, TE's own Python
         # on the CPU kernel stand-in, or a real TE on a GPU. Decided here, in the audit
         # process, so that a refusal is exit 3 before any work.
-        self.te = te_side.decide()
+        self.te = side.decide()
         if self.unsupported:
             return
         if self.te.refusal:

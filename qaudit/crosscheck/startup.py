@@ -21,7 +21,7 @@ from qaudit.crosscheck import import_path, worker
 from qaudit.errors import InputError, printable
 
 if TYPE_CHECKING:
-    from qaudit.crosscheck.te_side import TESide
+    from qaudit.runtime.standin.side import TESide
     from qaudit.run.options import AuditOptions
     from qaudit.load.config import ModelConfig
     from qaudit.load.recipe import QuantRecipe
@@ -48,7 +48,7 @@ def startup_answer(config: "ModelConfig", recipe: "QuantRecipe | None", allow_im
     """In the worker: the config through the installed Megatron's own validation. The
     answer counts only if the Megatron imported is the one at `root`, the report's."""
     from qaudit.crosscheck import _quiet_megatron, _upstream_input, upstream_build
-    from qaudit.crosscheck.environment import upstream_environment
+    from qaudit.crosscheck.build_scope import upstream_environment
     from qaudit.errors import EnvironmentProblem
 
     import torch
@@ -110,14 +110,15 @@ class StartupCheck:
     def __init__(self, config: "ModelConfig", recipe: "QuantRecipe | None", allow_import: bool,
                  location: "MegatronLocation", left_out: str | None = None,
                  path: list[str] | None = None) -> None:
-        from qaudit.crosscheck import _describe, te_side
+        from qaudit.crosscheck import _describe
+        from qaudit.runtime.standin import side
 
         self.location = location
         self.job: worker.ForkedWorker | None = None
         self.skipped = left_out
         if left_out is not None:
             return
-        te = te_side.decide()
+        te = side.decide()
         if te.refusal:
             self.skipped = te.refusal
         elif "fork" not in multiprocessing.get_all_start_methods():

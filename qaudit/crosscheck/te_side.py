@@ -1,12 +1,5 @@
-"""Which Transformer Engine the cross-check's upstream side runs Megatron on, and how the
-calls of TE's own modules are recorded there.
-
-Three sides (`TESide`), decided once in the audit process, before the worker forks:
-- `standin`: no TE importable; qaudit's stand-in package (standin_te.py) is Megatron's TE.
-- `te-cpu`: TE's Python is importable, no CUDA device is visible, and qaudit's CPU kernel
-  stand-in serves that release (qaudit/runtime/te_cpu): Megatron's TE wrappers subclass TE's
-  own modules, which run on the kernel stand-in. Calls are recorded by `observing`.
-- `real`: TE and a CUDA device: compared as built (calls are not recorded there yet).
+"""How the calls of TE's own modules are recorded on the cross-check's `te-cpu` side (which
+side a machine gives is decided by the room, qaudit/runtime/standin/side.py).
 
 On `te-cpu`, the recorder is fed from TE's own base-class `forward`s (patched for the run
 only), i.e. at the `super().forward(x, is_first_microbatch=...)` call inside Megatron's
@@ -20,57 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import inspect
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 
-from qaudit.crosscheck import standin_te
-
-
-@dataclass(frozen=True)
-class TESide:
-    kind: str  # "standin" | "te-cpu" | "real"
-    version: str | None = None  # TE's version for te-cpu and real
-    refusal: str = ""  # te-cpu impossible here although TE is installed: why (one line)
-
-    def describe(self) -> str:
-        """The report's words for the TE Megatron ran on."""
-        if self.kind == "te-cpu":
-            return (f"Transformer Engine {self.version} Python on CPU (kernels: "
-                    "qaudit CPU stand-in)")
-        if self.kind == "real":
-            return f"Transformer Engine {self.version or '(version unknown)'} on CUDA"
-        return f"qaudit's stand-in transformer_engine (claims TE {standin_te.VERSION})"
-
-
-def real_te_available() -> bool:
-    """A real Transformer Engine is installed (checked without importing it)."""
-    if standin_te.installed_standin():
-        return False
-    try:
-        return importlib.util.find_spec("transformer_engine") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def decide() -> TESide:
-    """Which TE side this machine gives, without importing TE (the audit process must stay
-    free of the pose until its own runtime chooses)."""
-    from qaudit.runtime import te_cpu
-    from qaudit.runtime.te_cpu import host
-
-    if not real_te_available():
-        return TESide("standin")
-    version = te_cpu.te_version()
-    if host.real_cuda_available():
-        return TESide("real", version)
-    reason = te_cpu.unsupported_reason(version)
-    if reason:
-        return TESide("te-cpu", version, refusal=reason)
-    return TESide("te-cpu", version)
+from qaudit.crosscheck.probe import CallProbe
 
 
 def _te_classes() -> tuple[type, ...]:
@@ -79,10 +27,10 @@ def _te_classes() -> tuple[type, ...]:
                                                      "GroupedLinear") if hasattr(pytorch, name))
 
 
-def _observed(forward: Any, probe: standin_te.CallProbe) -> Any:
+def _observed(forward: Any, probe: CallProbe) -> Any:
     from qaudit.run.observe import executed_quant, flag_of
     from qaudit.runtime.te import _observe_wgrad_gemm, _WeightCasts
-    from qaudit.runtime.te_cpu import kernels
+    from qaudit.runtime.standin import kernels
 
     signature = inspect.signature(forward)
 
@@ -115,7 +63,7 @@ def _observed(forward: Any, probe: standin_te.CallProbe) -> Any:
 
 
 @contextlib.contextmanager
-def observing(probe: standin_te.CallProbe) -> Iterator[None]:
+def observing(probe: CallProbe) -> Iterator[None]:
     """Record every call of a named TE module while the block runs (te-cpu side only)."""
     patched = []
     for base in _te_classes():
@@ -138,7 +86,7 @@ def observing(probe: standin_te.CallProbe) -> Iterator[None]:
 
 
 def _recorded_gemm(gemm: Any) -> Any:
-    from qaudit.crosscheck.standin_gemm import record_write
+    from qaudit.runtime.standin.gemm import record_write
 
     def recorded(*args: Any, **kwargs: Any) -> Any:
         result = gemm(*args, **kwargs)

@@ -22,14 +22,16 @@ from typing import Any, Iterator
 
 import torch
 
-from qaudit.crosscheck import standin_te, te_side
-from qaudit.crosscheck.standin_gemm import output_writes
+from qaudit.crosscheck import te_side
+from qaudit.crosscheck.probe import CallProbe
+from qaudit.runtime.standin import te_package as standin_te
+from qaudit.runtime.standin.gemm import output_writes
 from qaudit.crosscheck.facts import BuiltModel, ModuleFacts, will_execute_label
 from qaudit.crosscheck.upstream_config import UpstreamInput
 from qaudit.model.probe import CallRecord
 from qaudit.run.fsdp import NO_FSDP, FsdpGrads
 from qaudit.run.observe import LiveObserver
-from qaudit.runtime.te_cpu.storage import NotStoodIn
+from qaudit.runtime.standin.storage import NotStoodIn
 from qaudit.run.rows import (accumulation_of, calls_per_microbatch, precision_of,
                              weight_cache_of)
 from qaudit.run.train import (apply_update, attach_grad_buffers, drain_into_sharded_grads,
@@ -418,7 +420,7 @@ def _build_hybrid(config: Any, upstream: UpstreamInput, stage: int, stages: int,
                   chunks: int | None, extra: dict[str, Any]) -> tuple[Any, dict[str, str]]:
     """One HybridModel chunk, as hybrid_builders.py builds it: the stack spec (whose
     mtp_block_spec builds the MTP depths from the pattern) and the pattern arguments."""
-    from qaudit.crosscheck.environment import mamba_bound
+    from qaudit.crosscheck.build_scope import mamba_bound
 
     classes = hybrid_classes()
     mamba_bound()
@@ -497,7 +499,7 @@ def linear_modules(chunks: list[Chunk]) -> list[tuple[str, torch.nn.Module]]:
     return found
 
 
-def run_training(chunks: list[Chunk], probe: standin_te.CallProbe, steps: int,
+def run_training(chunks: list[Chunk], probe: CallProbe, steps: int,
                  microbatches: int, vocab: int, seq_length: int, seed: int = 0,
                  fsdp: FsdpGrads = NO_FSDP, values: bool = True,
                  observer: LiveObserver | None = None) -> None:
@@ -585,7 +587,7 @@ def _tracked(records: list[CallRecord]) -> str:
     return "yes" if any(r.flag is True and r.step > 0 for r in records) else "stale"
 
 
-def module_facts(chunks: list[Chunk], probe: standin_te.CallProbe | None,
+def module_facts(chunks: list[Chunk], probe: CallProbe | None,
                  mcore_decisions: dict[str, list[str]]) -> list[ModuleFacts]:
     records: dict[str, list[CallRecord]] = defaultdict(list)
     if probe is not None:
@@ -627,7 +629,7 @@ def _assign_decisions(records: list[CallRecord], decisions: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def observe_mcore_linears(chunks: list[Chunk], probe: standin_te.CallProbe
+def observe_mcore_linears(chunks: list[Chunk], probe: CallProbe
                           ) -> Iterator[dict[str, list[str]]]:
     """Record calls of Megatron's own linears (forward pre-hooks) and how their wgrad GEMMs
     wrote main_grad (by buffer: APEX's kernel adds; TE's general_gemm as upstream asked)."""
@@ -684,7 +686,7 @@ def build_and_run(upstream: UpstreamInput, steps: int, microbatches: int, seed: 
         return BuiltModel(module_facts(chunks, None, {}), ran=False, notes=notes)
     if te_on_cpu:
         notes.extend(_unfused_attention_on_cpu(chunks))
-    probe = standin_te.CallProbe()
+    probe = CallProbe()
     probe.names = {id(module): name for name, module in linear_modules(chunks)}
     try:
         guarded = contextlib.nullcontext()

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
-from qaudit.crosscheck.environ_vars import temporarily_set
+from qaudit.runtime.standin.environ_vars import temporarily_set
 from qaudit.load.config import MODELLED_FIELDS, ModelConfig
 from qaudit.plan.dims import model_dims
 from qaudit.load.yamlio import YamlList, YamlMap

@@ -72,7 +72,7 @@ def _te_words() -> str:
     if te is None:
         return "no Transformer Engine imported"
     version = getattr(te, "__version__", "?")
-    from qaudit.runtime.te_cpu import booted
+    from qaudit.runtime.standin.te_python import booted
 
     if booted():
         return f"Transformer Engine {version} Python on CPU (kernels: qaudit CPU stand-in)"

@@ -1,9 +1,10 @@
 """`qaudit guard --cpu`: a real Megatron training script on a machine without a GPU, for
-tests and demonstrations (docs/guard.md). The process gets, for its whole life, what the
-cross-check's worker gets around one build (qaudit/crosscheck/environment.py): Transformer
-Engine's own Python on qaudit's CPU kernel stand-in, torch.cuda's answers for a CPU process,
-the stand-ins for Megatron's CUDA-only calls, and gloo for any process group the script
-starts (a CPU has no NCCL).
+tests and demonstrations (docs/guard.md). The process enters the room of CPU stand-ins
+through its one boot (qaudit/runtime/standin/boot.py, `enter`) and keeps, for its whole life,
+what the cross-check's worker gets around one build: Transformer Engine's own Python on
+qaudit's CPU kernel stand-in, torch.cuda's answers for a CPU process, the stand-ins for
+Megatron's CUDA-only calls; and gloo for any process group the script starts (a CPU has no
+NCCL).
 
 Armed lazily: the first import of `megatron` or `transformer_engine` boots it, so the other
 Python processes of the launch command (torchrun's agent, helpers) pay nothing.
@@ -47,10 +48,11 @@ def boot() -> None:
     global _stack
     if _stack is not None:
         return
-    from qaudit.crosscheck import environment, te_side
     from qaudit.errors import EnvironmentProblem
+    from qaudit.guard.hooks import after_import
+    from qaudit.runtime.standin import boot as room, side as sides
 
-    side = te_side.decide()
+    side = sides.decide()
     if side.kind != "te-cpu" or side.refusal:
         raise EnvironmentProblem(
             "qaudit guard --cpu runs Megatron on Transformer Engine's own Python on qaudit's "
@@ -61,22 +63,17 @@ def boot() -> None:
                                                         "and put it on PYTHONPATH "
                                                         "(docs/guard.md)")))
     stack = contextlib.ExitStack()
-    environment.process_stand_ins(side, stack)
+    # Megatron's own modules get their stand-ins once `megatron.core` has been imported.
+    try:
+        room.enter(side, stack, megatron=True, when_imported=after_import)
+    except room.NotBooted as exc:
+        raise EnvironmentProblem(f"qaudit guard --cpu: {exc}") from None
     stack.enter_context(_gloo_process_groups())
     _stack = stack
-    _after_megatron(lambda: environment.megatron_stand_ins(side, stack, allow_import=False))
-
-
-def _after_megatron(callback: Any) -> None:
-    """Megatron's own modules get their stand-ins once `megatron.core` has been imported;
-    a Megatron-LM launch's parsed flags are looked at once its arguments module is."""
-    from qaudit.crosscheck import environment
-    from qaudit.guard.hooks import after_import
-
-    after_import("megatron.core", lambda module: callback())
+    # A Megatron-LM launch's parsed flags are looked at once its arguments module is.
     after_import("megatron.training.arguments", _name_cpu_refusals)
     after_import("transformer_engine.pytorch.attention.dot_product_attention.utils",
-                 environment.unfused_attention_only)
+                 room.unfused_attention_only)
 
 
 # Launch flags that cannot run on a CPU, each with why and what to rehearse with instead

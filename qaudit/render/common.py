@@ -453,7 +453,7 @@ def cross_check_line(report: Report) -> str | None:
     line = (f"cross-check: {result.get('modules_compared', 0)} modules compared with Megatron "
             f"{result.get('megatron', 'unknown')} ({what}): "
             f"{len(result.get('differences', []))} difference(s)")
-    if result.get("te"):  # which TE Megatron's TE wrappers ran on (crosscheck/te_side.py)
+    if result.get("te"):  # which TE Megatron's TE wrappers ran on (runtime/standin/side.py)
         line += f"; Megatron's TE: {result['te']}"
     not_covered = result.get("not_covered") or []
     return line + (f"; not covered: {'; '.join(not_covered)}" if not_covered else "")

@@ -1,6 +1,6 @@
 """Runtimes: the one seam between CPU and GPU (docs/design.md): `reference` (pure PyTorch, CPU or
 CUDA) and `te` (Transformer Engine's own modules: on CUDA with its kernels, or on the CPU with
-qaudit's kernel stand-in, qaudit/runtime/te_cpu; qaudit/runtime/te.py, imported only when
+qaudit's kernel stand-in, qaudit/runtime/standin; qaudit/runtime/te.py, imported only when
 chosen)."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def te_installed() -> bool:
 def te_unavailable_reason(device: str | None = None) -> str:
     """Why the te runtime cannot run here, in one line; "" when it can. With a visible CUDA
     device (and --device not cpu) TE runs on its own kernels; without one, TE's Python runs
-    on qaudit's CPU kernel stand-in (qaudit/runtime/te_cpu, docs/te-runtime.md) when the
+    on qaudit's CPU kernel stand-in (qaudit/runtime/standin, docs/te-runtime.md) when the
     stand-in serves that TE release."""
     if not te_installed():
         # qaudit is installed from a clone (not on the package index): the extra is the
@@ -31,15 +31,19 @@ def te_unavailable_reason(device: str | None = None) -> str:
                 "in your clone of qaudit: pip install \".[te]\"; without one, TE's pure-Python "
                 "package runs on qaudit's CPU kernel stand-in; see docs/te-runtime.md)")
     if _uses_stand_in(device):
-        from qaudit.runtime import te_cpu
+        from qaudit.runtime.standin import boot, te_python
+        from qaudit.runtime.standin.side import TESide
 
-        reason = te_cpu.unsupported_reason(te_cpu.te_version())
+        version = te_python.te_version()
+        reason = te_python.unsupported_reason(version)
         if reason:
             return f"no CUDA device is visible, and {reason}"
         try:
-            te_cpu.boot()
+            boot.enter(TESide("te-cpu", version))
+        except boot.NotBooted as exc:
+            return str(exc)
         except Exception as exc:  # noqa: BLE001 - a broken install is reported, not raised
-            return f"Transformer Engine does not import on the {te_cpu.STAND_IN}: {_first_line(exc)}"
+            return f"Transformer Engine does not import on the {te_python.STAND_IN}: {_first_line(exc)}"
         return ""
     try:
         importlib.import_module("transformer_engine.pytorch")
@@ -55,7 +59,7 @@ def _first_line(exc: BaseException) -> str:
 
 def _uses_stand_in(device: str | None) -> bool:
     """TE's kernels are stood in when no real CUDA device is visible or the CPU is asked for."""
-    from qaudit.runtime.te_cpu import host
+    from qaudit.runtime.standin import host
 
     return device == "cpu" or not host.real_cuda_available()
 
@@ -89,7 +93,7 @@ def select_runtime(name: str, device: str | None = None, reads_overwrite_main_gr
 
         try:
             if _uses_stand_in(device):
-                from qaudit.runtime.te_cpu import kernels
+                from qaudit.runtime.standin import kernels
 
                 return TERuntime(device="cpu", kernels=kernels)
             return TERuntime()

@@ -262,7 +262,7 @@ class _WeightCasts:
                 return None
             # A weight TE stores quantized (quantized_model_init) has no cache to reuse.
             return "primary" if any(stored_quantized(w) for w in self.weights) else "reuse"
-        from qaudit.runtime.te_cpu.storage import buffer_addresses
+        from qaudit.runtime.standin.storage import buffer_addresses
 
         cast = set()
         for out in self.outputs:
@@ -379,7 +379,7 @@ class TERuntime:
     def __init__(self, api: TEApi | None = None, device: str = "cuda",
                  kernels: Any = None) -> None:
         """`kernels`: qaudit's CPU kernel stand-in module when TE's own kernels are not
-        there (qaudit/runtime/te_cpu); None on a GPU with the real extension."""
+        there (qaudit/runtime/standin); None on a GPU with the real extension."""
         self.api = api if api is not None else TEApi.load()
         self.device = device
         self.kernels = kernels

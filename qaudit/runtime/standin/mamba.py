@@ -7,7 +7,7 @@ reference form is enough: the scan is the quadratic ("attention-like") form of t
 recurrence, exact for the short sequences of the audit.
 
 Put into sys.modules only while one cross-check builds and runs, by
-qaudit/crosscheck/environment.py, and only where no real package is importable. Each entry
+qaudit/runtime/standin/boot.py, and only where no real package is importable. Each entry
 point, with the upstream call it replaces, is listed in docs/cross-check.md.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from qaudit.crosscheck import standin_te
+from qaudit.runtime.standin import te_package as standin_te
 
 # Megatron asks for these versions only for packed sequences (is_mamba_min_version,
 # is_causal_conv1d_min_version): the releases its Mamba code was written against.

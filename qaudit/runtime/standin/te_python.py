@@ -23,7 +23,7 @@ import types
 from pathlib import Path
 
 from qaudit.plan.upstream.te import locate_te
-from qaudit.runtime.te_cpu import host
+from qaudit.runtime.standin import host
 
 STAND_IN = "qaudit CPU kernel stand-in"
 # TE releases whose Python the stand-in was written against and is tested with (CI fetches
@@ -146,7 +146,7 @@ def boot() -> str:
     if any(name == "transformer_engine" or name.startswith("transformer_engine.")
            for name in sys.modules):
         raise ImportError("Transformer Engine was imported before the stand-in booted")
-    from qaudit.runtime.te_cpu import kernels
+    from qaudit.runtime.standin import kernels
 
     host.pose_as_cuda()
     sys.modules["transformer_engine_torch"] = kernels.build(_has_max512_backend())

@@ -1,9 +1,12 @@
-"""What the user's Megatron needs to build and train on this CPU process, and only while it does.
+"""The room's boot: the one way in (`enter`) for each of its three users.
 
-Entered around one upstream build: the stand-in `transformer_engine` (unless a real TE
-imports and CUDA works), pure-PyTorch stand-ins for Megatron's CUDA-only calls, a gloo process
-group of one rank and Megatron's `parallel_state`. Everything is undone on exit, except the
-imported Megatron modules themselves (importing them again would cost seconds per build).
+What a process without a GPU needs to run the user's Transformer Engine or Megatron: TE's own
+Python on the kernel stand-in (te_python.py) or qaudit's stand-in `transformer_engine`
+(te_package.py) unless a real TE imports and CUDA works, pure-PyTorch stand-ins for
+Megatron's CUDA-only calls, and torch.cuda's answers for a CPU process. The te runtime on a
+CPU (qaudit/runtime/__init__.py) needs TE alone; the cross-check's worker enters the rest
+around one upstream build (qaudit/crosscheck/build_scope.py, which undoes it afterwards);
+`qaudit guard --cpu` keeps it for the life of the process (qaudit/guard/cpu.py).
 Each replaced CUDA-only call is listed, with its upstream path, in docs/cross-check.md.
 """
 
@@ -18,17 +21,16 @@ import re
 import os
 import sys
 import types
-import warnings
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
-from qaudit.crosscheck import standin_gemm, standin_mamba, standin_te
-from qaudit.crosscheck.environ_vars import temporarily_set
+from qaudit.runtime.standin import gemm as standin_gemm, mamba as standin_mamba, te_package as standin_te
+from qaudit.runtime.standin.environ_vars import temporarily_set
 from qaudit.errors import EnvironmentProblem
 
 if TYPE_CHECKING:
-    from qaudit.crosscheck.te_side import TESide
+    from qaudit.runtime.standin.side import TESide
 
 # Megatron modules that import triton unconditionally at their top and that the GPT/MoE build
 # imports (their kernels are never called on the cross-check's path): replaced by empty
@@ -113,7 +115,7 @@ def _kernel_module(name: str) -> types.ModuleType:
 
 
 def _mamba_standins() -> dict[str, types.ModuleType]:
-    """The CPU stand-ins for mamba_ssm and causal_conv1d (qaudit/crosscheck/standin_mamba.py),
+    """The CPU stand-ins for mamba_ssm and causal_conv1d (qaudit/runtime/standin/mamba.py),
     each package only where no real one is importable (a real one is never shadowed)."""
     entries = {}
     for top in ("mamba_ssm", "causal_conv1d"):
@@ -128,17 +130,6 @@ def importable(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         return False
-
-
-def mamba_bound() -> None:
-    """Megatron's Mamba mixer binds mamba_ssm and causal_conv1d when first imported: refuse to
-    build a hybrid model when that happened without them earlier in this process."""
-    mixer = importlib.import_module("megatron.core.ssm.mamba_mixer")
-    if not getattr(mixer, "HAVE_MAMBA_SSM", False) or getattr(mixer, "causal_conv1d_fn",
-                                                              None) is None:
-        raise EnvironmentProblem("--cross-check: Megatron's Mamba mixer was imported without "
-                                 "mamba_ssm or causal_conv1d earlier in this process; run "
-                                 "qaudit in a fresh process")
 
 
 @contextlib.contextmanager
@@ -229,7 +220,7 @@ def _deterministic_without_inductor() -> Iterator[None]:
 
 def _cpu_cuda_answers() -> contextlib.ExitStack:
     """torch.cuda questions Megatron asks while building on CPU, answered for a CPU process.
-    Also under TE's CPU pose (qaudit/runtime/te_cpu/host.py), which answers TE's questions
+    Also under TE's CPU pose (qaudit/runtime/standin/host.py), which answers TE's questions
     but not all of Megatron's (RNG state)."""
     stack = contextlib.ExitStack()
     if _real_cuda():
@@ -276,42 +267,6 @@ def _cuda_type_names() -> contextlib.ExitStack:
 
     stack.enter_context(_patched(torch.Tensor, "type", type_))
     return stack
-
-
-@contextlib.contextmanager
-def _process_group() -> Iterator[None]:
-    """A gloo group of one rank and Megatron's parallel_state over it (TP = PP = EP = CP = 1)."""
-    import torch.distributed as dist
-
-    from megatron.core import parallel_state
-
-    created = False
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        created = True
-    elif dist.get_world_size() != 1:
-        raise EnvironmentProblem("--cross-check builds upstream's model in one process; run it "
-                                 "without torchrun")
-    try:
-        if not parallel_state.model_parallel_is_initialized():
-            parallel_state.initialize_model_parallel()
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
-        _reset_megatron_globals()
-        if created:
-            dist.destroy_process_group()
-
-
-def _reset_megatron_globals() -> None:
-    """Process-wide state one build leaves behind (MoE metrics sized to its layer count)."""
-    try:
-        logging = importlib.import_module("megatron.core.transformer.moe.moe_logging")
-    except ImportError:
-        return
-    destroy = getattr(logging, "destroy_moe_metrics_tracker", None)
-    if destroy is not None:
-        destroy()
 
 
 def _typing_override() -> contextlib.ExitStack:
@@ -410,7 +365,7 @@ def _no_custom_factory_imports() -> contextlib.ExitStack:
     return stack
 
 
-def process_stand_ins(te: "TESide", stack: contextlib.ExitStack) -> None:
+def _process_stand_ins(te: "TESide", stack: contextlib.ExitStack) -> None:
     """Enter, on `stack`, what this process needs before Megatron is imported: the stand-in
     packages and modules (TE unless a real one runs, APEX's fused wgrad kernel, mamba_ssm,
     the triton-kernel modules), torch.cuda's answers for a CPU process, typing.override,
@@ -446,7 +401,7 @@ def process_stand_ins(te: "TESide", stack: contextlib.ExitStack) -> None:
         stack.enter_context(_deterministic_without_inductor())
 
 
-def megatron_stand_ins(te: "TESide", stack: contextlib.ExitStack, allow_import: bool) -> None:
+def _megatron_stand_ins(te: "TESide", stack: contextlib.ExitStack, allow_import: bool) -> None:
     """Enter, on `stack`, the stand-ins inside Megatron's (and TE's) own modules; imports them.
     `allow_import`: --allow-import, Megatron may import a recipe's custom factory."""
     stack.enter_context(_cpu_megatron_calls(te.kind == "te-cpu"))
@@ -456,60 +411,60 @@ def megatron_stand_ins(te: "TESide", stack: contextlib.ExitStack, allow_import: 
         stack.enter_context(_no_custom_factory_imports())
 
 
-@contextlib.contextmanager
-def upstream_environment(te: "TESide", allow_import: bool = False) -> Iterator[None]:
-    """Import the user's Megatron and let it build and train here (see the module docstring).
-    `te`: the TE side decided in the audit process (crosscheck/te_side.py `decide`, which
-    also refuses the sides this machine cannot give): `real` stands nothing in for TE or
-    CUDA; `te-cpu` boots TE's own Python on qaudit's CPU kernel stand-in
-    (qaudit/runtime/te_cpu) and stands in the rest of CUDA; `standin` puts qaudit's stand-in
-    TE package in place.
-    `allow_import`: --allow-import, Megatron may import a recipe's custom factory."""
-    environment = dict(os.environ)
-    try:
-        with contextlib.ExitStack() as stack, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            process_stand_ins(te, stack)
-            _check_bound_to(te.kind != "standin")
-            megatron_stand_ins(te, stack, allow_import)
-            stack.enter_context(_process_group())
-            standin_gemm.clear_writes()
-            yield
-    finally:
-        os.environ.clear()
-        os.environ.update(environment)
-
-
 def _real_cuda() -> bool:
     """A CUDA device is really there (TE's CPU pose makes torch.cuda.is_available() say yes)."""
-    from qaudit.runtime.te_cpu import host
+    from qaudit.runtime.standin import host
 
     return host.real_cuda_available()
 
 
 def _boot_te_on_cpu() -> None:
-    """TE's Python on qaudit's kernel stand-in, in this (forked worker) process: Megatron's
+    """TE's Python on qaudit's kernel stand-in, for the rest of this process: Megatron's
     `import transformer_engine` then binds TE's own package."""
-    from qaudit.runtime import te_cpu
+    from qaudit.runtime.standin import te_python as te_cpu
 
     if standin_te.installed_standin():
-        raise EnvironmentProblem("--cross-check: qaudit's stand-in TE was imported earlier in "
-                                 "this process; run qaudit in a fresh process")
+        raise NotBooted("qaudit's stand-in TE was imported earlier in this process; run "
+                        "qaudit in a fresh process")
     try:
         te_cpu.boot()
     except ImportError as exc:
-        raise EnvironmentProblem(f"--cross-check: Transformer Engine does not boot on the "
-                                 f"{te_cpu.STAND_IN}: {exc}") from None
+        raise NotBooted(f"Transformer Engine does not import on the {te_cpu.STAND_IN}: "
+                        f"{exc}") from None
 
 
-def _check_bound_to(real_te: bool) -> None:
-    """Megatron binds `transformer_engine` when its TE extension is first imported: refuse to
-    build when that happened with another TE than the one this build needs."""
-    module = importlib.import_module("megatron.core.extensions.transformer_engine")
-    bound = getattr(module, "te", None)
-    if not getattr(module, "HAVE_TE", False):
-        raise EnvironmentProblem("--cross-check: Megatron was imported without Transformer "
-                                 "Engine earlier in this process; run qaudit in a fresh process")
-    if standin_te.is_standin(bound) == real_te:
-        raise EnvironmentProblem("--cross-check: Megatron was imported with another Transformer "
-                                 "Engine earlier in this process; run qaudit in a fresh process")
+class NotBooted(EnvironmentProblem):
+    """What a user asked the room for does not boot here: one line, which the user words
+    as its own (the cross-check's, the guard's, the te runtime's)."""
+
+
+def enter(side: "TESide", stack: contextlib.ExitStack | None = None, *, megatron: bool = False,
+          allow_import: bool = False,
+          when_imported: Callable[[str, Callable[[Any], None]], None] | None = None) -> None:
+    """The one way into the room, for each of its users.
+
+    `side` (side.py `decide`, or the te runtime's own choice of `te-cpu`): on `te-cpu`, TE's
+    own Python boots on the kernel stand-in for the rest of the process; that is all the te
+    runtime needs. `megatron`: the process is also readied to import the user's Megatron
+    (the cross-check's worker, the guard's --cpu): what it needs before that import is
+    entered on `stack` (undone when the stack closes), and what it needs inside Megatron's own
+    modules is entered now, importing them, or, given `when_imported` (an import hook taking a
+    module name and a callback), once `megatron.core` has been imported.
+    `allow_import`: --allow-import, Megatron may import a recipe's custom factory.
+    Raises NotBooted where `side` cannot boot here."""
+    if side.refusal:
+        raise NotBooted(side.refusal)
+    if not megatron:
+        if side.kind == "te-cpu":
+            _boot_te_on_cpu()
+        return
+    assert stack is not None, "the stand-ins for Megatron are entered on a stack"
+    _process_stand_ins(side, stack)
+
+    def inside_megatron(*_: Any) -> None:
+        _megatron_stand_ins(side, stack, allow_import)
+
+    if when_imported is None:
+        inside_megatron()
+    else:
+        when_imported("megatron.core", inside_megatron)

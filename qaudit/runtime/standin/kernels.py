@@ -1,7 +1,7 @@
 """The CPU stand-in for `transformer_engine_torch`, TE's compiled PyTorch extension.
 
 Built as a module object by `build(te_version_info)` and put in `sys.modules` by the boot
-(qaudit/runtime/te_cpu/__init__.py) inside the audit process only. Written from the calls
+(qaudit/runtime/standin/te_python.py) inside the audit process only. Written from the calls
 TE's Python makes (docs/te-runtime.md lists each entry point and what it replaces):
 
 - `generic_gemm` / `te_general_grouped_gemm`: cuBLAS's convention in row-major terms,
@@ -11,7 +11,7 @@ TE's Python makes (docs/te-runtime.md lists each entry point and what it replace
   that flag IS TE's wgrad decision.
 - `quantize`, `bgrad_quantize`, `split_quantize`, `dequantize`, `fp8_transpose`,
   `nvfp4_data_transpose`: TE's cast kernels over the buffers its quantizers allocate
-  (qaudit/runtime/te_cpu/storage.py); every cast of a watched source (a weight) is
+  (qaudit/runtime/standin/storage.py); every cast of a watched source (a weight) is
   reported too, which is how weight-cache refreshes are seen.
 - `layernorm_fwd/bwd`, `rmsnorm_fwd/bwd`: torch's norms, quantizing the output when TE
   fuses the cast.
@@ -38,8 +38,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from qaudit.runtime.te_cpu import storage
-from qaudit.runtime.te_cpu.storage import NotStoodIn
+from qaudit.runtime.standin import storage
+from qaudit.runtime.standin.storage import NotStoodIn
 
 # -- observation -----------------------------------------------------------------------------
 
@@ -457,7 +457,7 @@ def _float8_by_hand(quantizer, shape, dtype):
 
 
 _CPU = torch.device("cpu")
-# torch.empty itself, not the CUDA pose's wrapper (qaudit/runtime/te_cpu/host.py): the
+# torch.empty itself, not the CUDA pose's wrapper (qaudit/runtime/standin/host.py): the
 # stand-in allocates on the CPU by construction.
 _EMPTY = getattr(torch.empty, "__wrapped__", torch.empty)
 
@@ -720,7 +720,7 @@ def build(with_max512_backend: bool) -> types.ModuleType:
     module.QAUDIT_STAND_IN = True
     # importlib.util.find_spec reads it (transformers does, for optional packages).
     module.__spec__ = importlib.machinery.ModuleSpec(module.__name__, None)
-    from qaudit.runtime.te_cpu import optimizer_kernels
+    from qaudit.runtime.standin import optimizer_kernels
 
     for name, value in {**ENTRY_POINTS, **optimizer_kernels.ENTRY_POINTS, **CONSTANTS}.items():
         setattr(module, name, value)

@@ -7,7 +7,7 @@ in pure PyTorch, qaudit/runtime/reference.py), with TE's constructor keywords an
 names, and records what each call received: the `is_first_microbatch` Megatron passed, grad
 mode, the precision it executed in, and each backward's wgrad decision.
 
-It is put into `sys.modules` only by `qaudit.crosscheck.environment`, only while the
+It is put into `sys.modules` only by `qaudit.runtime.standin.boot`, only while the
 cross-check builds and runs upstream's model, and never when a real TE is importable. The
 package objects are made once per process: Megatron's modules keep references to them after
 they are imported, so every later build must see the same objects (the recorder is swapped).
@@ -26,9 +26,8 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from qaudit.crosscheck import standin_gemm
+from qaudit.runtime.standin import gemm as standin_gemm
 from qaudit.load.precision import Quant
-from qaudit.model.probe import Recorder
 from qaudit.runtime import reference, te_rules
 
 # The TE release the stand-in claims to be: new enough for every recipe Megatron can select
@@ -36,22 +35,13 @@ from qaudit.runtime import reference, te_rules
 VERSION = "2.14.0"
 
 
-class CallProbe:
-    """Names the stand-in modules and records their calls for one upstream build."""
-
-    def __init__(self) -> None:
-        self.recorder = Recorder()
-        self.names: dict[int, str] = {}  # id(module) -> its name in upstream's model
-
-    def name_of(self, module: torch.nn.Module) -> str | None:
-        return self.names.get(id(module))
-
-
-_probe: CallProbe | None = None
+# The cross-check's CallProbe (qaudit/crosscheck/probe.py) while it runs upstream's model: it
+# names the stand-in modules and records their calls (`name_of`, `recorder`).
+_probe: Any = None
 
 
 @contextlib.contextmanager
-def probing(probe: CallProbe) -> Iterator[CallProbe]:
+def probing(probe: Any) -> Iterator[Any]:
     global _probe
     previous, _probe = _probe, probe
     try:
