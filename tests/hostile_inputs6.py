@@ -118,6 +118,12 @@ class Model(torch.nn.Module):
         return self.other(x, is_first_microbatch=first)
 
 
+if spec.get("broken") == int(os.environ.get("RANK", "0") or 0):
+    class Model(Model):  # this rank's guard fails at its first watched step
+        def named_modules(self, *args, **kwargs):
+            raise RuntimeError("planted: this rank's guard cannot walk the model")
+
+
 torch.manual_seed(0)
 model = Model()
 for step in range(spec["steps"]):
@@ -219,6 +225,7 @@ class Proc:
     repeated: bool = False  # train: a module called twice, the first call armed
     steps: int = 1  # train: steps it runs
     ranks: int = 1  # torchrun
+    broken: int = -1  # torchrun: the rank whose guard fails at its first watched step
 
 
 @dataclass
@@ -248,7 +255,7 @@ class GuardJob:
         for stage in self.stages:
             procs = ",".join(_proc_words(p) for p in stage.procs)
             parts.append(f"{stage.form}{'!' if stage.strict else ''}[{procs}]")
-        return (f"guardjobs: mode={self.mode} steps={self.steps} nodes={self.nodes} "
+        return (f"{self.family}: mode={self.mode} steps={self.steps} nodes={self.nodes} "
                 f"{'direct ' if self.direct else ''}{' ; '.join(parts)}")
 
     def run(self, folder: Path) -> Result:
@@ -258,7 +265,8 @@ class GuardJob:
 def _proc_words(p: Proc) -> str:
     extra = {"sim": p.verdict, "killself": f"sig{p.signal}",
              "train": f"{'rep' if p.repeated else 'ok'}x{p.steps}",
-             "torchrun": f"{p.ranks}x{'rep' if p.repeated else 'ok'}x{p.steps}"}.get(p.kind, "")
+             "torchrun": f"{p.ranks}x{'rep' if p.repeated else 'ok'}x{p.steps}"
+                         + (f"/broken{p.broken}" if p.broken >= 0 else "")}.get(p.kind, "")
     return f"{p.id}:{p.kind}{'/' + extra if extra else ''}/r{p.rank}/c{p.code}"
 
 
@@ -336,7 +344,7 @@ def _spec(job: GuardJob, proc: Proc, folder: Path) -> str:
     kind = "train" if proc.kind == "torchrun" else proc.kind  # what each of its ranks runs
     return json.dumps({"dir": str(folder), "id": proc.id, "kind": kind, "mode": job.mode,
                        "code": proc.code, "verdict": proc.verdict, "signal": proc.signal,
-                       "repeated": proc.repeated, "steps": proc.steps,
+                       "repeated": proc.repeated, "steps": proc.steps, "broken": proc.broken,
                        "stack": str(folder / "stack"), "notorch": str(folder / "notorch"),
                        "trainer": str(folder / "trainer.py")})
 
@@ -404,6 +412,8 @@ def _outcome(job: GuardJob, p: Proc) -> Ran:
         if p.verdict == "findings":
             return Ran(p, 10 if stop else p.code, ["stop" if stop else "findings"], p.rank == 0)
         return Ran(p, p.code, ["clean"], p.rank == 0)
+    if p.kind == "torchrun" and p.broken >= 0:
+        return _broken_torchrun(job, p)
     # train / torchrun: a verdict only when the process runs the watched steps
     watched = p.steps >= job.steps
     if not watched:
@@ -419,6 +429,21 @@ def _outcome(job: GuardJob, p: Proc) -> Ran:
         return Ran(p, worker, leaves, bool(leaves) and p.rank == 0)
     # torchrun: each rank leaves the agreed verdict; its own code 1 when a worker failed
     return Ran(p, 0 if worker == 0 else 1, leaves * p.ranks, bool(leaves))
+
+
+def _broken_torchrun(job: GuardJob, p: Proc) -> Ran:
+    """One rank's guard fails at its first watched step. stop: that rank ends (3), the others
+    lose it in the gather (or never get there): the guard's failure, torchrun's 1. warn: the
+    failed rank still joins the gather at the end of the watched steps; the other ranks'
+    verdict stands and everyone trains on (no deadlock); rank 0 speaks only if it is not the
+    failed one."""
+    if job.mode == STOP:
+        return Ran(p, 1, ["failed"], False)
+    watched = p.steps >= job.steps
+    leaves = ["failed"]
+    if watched and p.ranks > 1:
+        leaves += ["findings" if p.repeated else "clean"] * (p.ranks - 1)
+    return Ran(p, 0 if p.code == 0 else 1, leaves, bool(leaves[1:]) and p.broken != 0)
 
 
 def job_status(job: GuardJob) -> tuple[int, list[Ran]]:
@@ -563,7 +588,26 @@ def _check_node(job: GuardJob, folder: Path, node: int, code: int, err: str, wan
     return problems
 
 
-FAMILIES6 = {"guardjobs": gen_guardjobs}
+def gen_guardjobs_torchrun(r: random.Random, folder: Path) -> GuardJob:
+    """Only torchrun jobs (1-2 real ranks), most with one rank whose guard fails, between
+    simulated processes: the family the mix draws rarely, on its own (not in the mix)."""
+    mode = r.choice((STOP, WARN))
+    ranks = r.choice((1, 2, 2))
+    run = Proc("p0", "torchrun", ranks=ranks, repeated=r.random() < 0.5,
+               steps=r.choice((1, 2)), code=r.choice((0, 0, 4)),
+               broken=r.randrange(ranks) if r.random() < 0.7 else -1)
+    stages = [Stage("single", [run], strict=r.random() < 0.4)]
+    if r.random() < 0.5:
+        verdict = r.choice(("clean", "findings", "failed"))
+        stages.insert(r.randint(0, 1), Stage("single", [Proc("p1", "sim", verdict=verdict,
+                                                             code=r.choice(CODES))]))
+    job = GuardJob("guardjobs_torchrun", mode, r.choice((1, 1, 2)), stages, False,
+                   report=r.random() < 0.7)
+    _write_support(folder)
+    return job
+
+
+FAMILIES6 = {"guardjobs": gen_guardjobs, "guardjobs_torchrun": gen_guardjobs_torchrun}
 
 
 def main() -> None:  # one input by hand: python tests/hostile_inputs6.py SEED

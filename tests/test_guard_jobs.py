@@ -93,3 +93,18 @@ def test_the_oracle_catches_a_launcher_that_keeps_one_result_per_rank(tmp_path, 
     monkeypatch.setattr(launch, "read_results", original)
     (tmp_path / "pids").mkdir(exist_ok=True)
     assert jobs.run_case(job, tmp_path).problems == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, broken", [(jobs.WARN, 1), (jobs.WARN, 0), (jobs.STOP, 1)])
+def test_torchrun_with_one_rank_whose_guard_fails_keeps_the_oracles_verdict(tmp_path, mode,
+                                                                             broken):
+    """Two real gloo ranks on the tiny stack, one whose guard fails at its first watched step:
+    in warn mode the other rank's verdict stands and nobody waits for ever; in stop mode the
+    guard's failure is exit 3, not torchrun's 1."""
+    run = jobs.Proc("p0", "torchrun", ranks=2, repeated=True, steps=1, broken=broken)
+    job = jobs.GuardJob("guardjobs_torchrun", mode, 1, [jobs.Stage("single", [run])], False)
+    jobs._write_support(tmp_path)
+    result = jobs.run_case(job, tmp_path)
+    assert result.problems == [], (result.problems, result.stderr[-2000:])
+    assert result.code == jobs.expected(job)[0] == (3 if mode == jobs.STOP else 0)
