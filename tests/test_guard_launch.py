@@ -358,9 +358,10 @@ def test_a_gather_that_loses_a_peer_is_reported_as_such(monkeypatch):
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
 
-    def closed(parts, part):
+    def closed(tensors, tensor):
         raise RuntimeError("[gloo] Connection closed by peer [127.0.0.1]:29500")
 
-    monkeypatch.setattr(dist, "all_gather_object", closed)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(dist, "all_gather", closed)
     with pytest.raises(verdict.PeerLost, match="another rank of the job ended first"):
         verdict.gather({"rank": 0})

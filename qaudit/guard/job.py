@@ -6,7 +6,10 @@ once: the job's KeyboardInterrupt handler runs once, not once per copy. Where qa
 terminal's foreground, the job's group gets it for its run (the job may read the terminal,
 and Ctrl-C then goes to the job directly), and qaudit takes it back after. If qaudit itself is
 killed, the kernel sends the job's leader SIGTERM (PR_SET_PDEATHSIG, Linux), which torchrun
-passes to its workers. A job ended by signal N gives the shell's exit code, 128 + N.
+passes to its workers, and a reaper process (qaudit/guard/reaper.py), which sees qaudit's end
+of a pipe close, sends SIGTERM to the job's whole group: a shell wrapper that does not pass
+it on (bash waiting on torchrun) leaves nothing running either. A job ended by signal N gives
+the shell's exit code, 128 + N.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 from qaudit.errors import EnvironmentProblem, printable
@@ -38,6 +42,7 @@ def run_job(argv: list[str], env: dict[str, str]) -> int:
         os.setpgid(child.pid, child.pid)  # also here: no race with the child's own call
     except OSError:
         pass
+    reaper = _start_reaper(child.pid)
     if terminal is not None:
         _hand_terminal(terminal, child.pid)
 
@@ -57,7 +62,43 @@ def run_job(argv: list[str], env: dict[str, str]) -> int:
             signal.signal(signum, handler)
         if terminal is not None:
             _hand_terminal(terminal, os.getpgrp())
+        _dismiss(reaper)
     return 128 - code if code < 0 else code
+
+
+REAPER = Path(__file__).resolve().with_name("reaper.py")
+
+
+def _start_reaper(group: int) -> tuple[subprocess.Popen, int] | None:
+    """The reaper of the job's group, on a pipe whose write end only this process holds (the
+    job does not inherit it: Popen closes every other descriptor)."""
+    if not sys.platform.startswith("linux") and sys.platform != "darwin":
+        return None
+    read, write = os.pipe()
+    try:
+        reaper = subprocess.Popen([sys.executable, "-I", "-S", str(REAPER), str(group)],
+                                  stdin=read, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        os.close(write)
+        return None  # PR_SET_PDEATHSIG still ends the job's first process
+    finally:
+        os.close(read)
+    return reaper, write
+
+
+def _dismiss(reaper: tuple[subprocess.Popen, int] | None) -> None:
+    """The job has ended under qaudit's eyes: the reaper leaves without a signal."""
+    if reaper is None:
+        return
+    process, write = reaper
+    try:
+        os.write(write, b"x")
+    except OSError:
+        pass
+    finally:
+        os.close(write)
+    process.wait()
 
 
 def _in_the_child(parent: int) -> Callable[[], None]:

@@ -4,9 +4,11 @@ data; rank 0 speaks (stderr, the report, the launcher's result file)."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
+import pickle
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -159,17 +161,52 @@ def summary(session: Any) -> dict[str, Any]:
 
 
 def gather(part: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's part, by rank. Only the collectives' own failures are a lost peer: a
+    local failure (pickling this rank's part) is the guard's own, said as such."""
     dist = torch.distributed
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return [part]
-    parts: list[Any] = [None] * dist.get_world_size()
+    payload = pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+    parts = [pickle.loads(data) for data in _all_gather_bytes(payload)]
+    return sorted(parts, key=lambda p: p["rank"])
+
+
+def _all_gather_bytes(payload: bytes) -> list[bytes]:
+    """torch.distributed.all_gather_object without numpy (it decodes with `Tensor.numpy()`,
+    and torch does not require numpy: a job without it failed every rank's gather, which
+    was reported as another rank having ended): sizes first, then the padded bytes."""
+    dist = torch.distributed
+    world = dist.get_world_size()
+    device = _collective_device()
+    mine = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if payload else \
+        torch.empty(0, dtype=torch.uint8)
     try:
-        dist.all_gather_object(parts, part)
+        sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+        dist.all_gather(sizes, torch.tensor([len(payload)], dtype=torch.int64, device=device))
+        longest = max(int(size.item()) for size in sizes)
+        padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+        padded[:len(payload)] = mine.to(device)
+        gathered = [torch.zeros(longest, dtype=torch.uint8, device=device)
+                    for _ in range(world)]
+        dist.all_gather(gathered, padded)
     except Exception as exc:  # noqa: BLE001 - whatever the backend raises for a lost peer
         raise PeerLost(f"the ranks' gather failed ({type(exc).__name__}: "
                        f"{' '.join(str(exc).split())[:300]}): another rank of the job ended "
                        "first") from None
-    return sorted(parts, key=lambda p: p["rank"])
+    return [_bytes_of(tensor.cpu(), int(size.item())) for tensor, size in zip(gathered, sizes)]
+
+
+def _bytes_of(tensor: Any, size: int) -> bytes:
+    contiguous = tensor.contiguous()
+    return ctypes.string_at(contiguous.data_ptr(), size) if size else b""
+
+
+def _collective_device() -> Any:
+    """Where the default group's backend takes its tensors: NCCL only CUDA ones."""
+    dist = torch.distributed
+    if dist.get_backend() == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def several_ranks() -> bool:
