@@ -489,7 +489,7 @@ def guard(
     options go before the command; everything from the command on is the job's."""
     from qaudit.files.outputs import check_output_path
     from qaudit.guard import launch
-    from qaudit.guard.session import GuardOptions
+    from qaudit.guard.options import GuardOptions
 
     try:
         if report:

@@ -365,3 +365,15 @@ def test_a_gather_that_loses_a_peer_is_reported_as_such(monkeypatch):
     monkeypatch.setattr(dist, "all_gather", closed)
     with pytest.raises(verdict.PeerLost, match="another rank of the job ended first"):
         verdict.gather({"rank": 0})
+
+
+def test_the_launcher_never_imports_torch(tmp_path):
+    """`qaudit guard`'s own process only starts the job and reads its results: torch (most of
+    a second or two of CPU per launch) is imported in the job's processes, never in it."""
+    probe = ("import sys\nfrom qaudit.cli import main\n"
+             "sys.argv = ['qaudit', 'guard', '--mode', 'warn', '--', sys.executable, '-c', 'pass']\n"
+             "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+             "print(code, 'torch' in sys.modules)\n")
+    done = subprocess.run([PY, "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.stdout.split() == ["0", "False"], done.stderr[-2000:]

@@ -10,9 +10,23 @@ process of the launch command without a line of the script changed (qaudit/guard
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qaudit.guard.session import EXIT_STOPPED, GuardOptions, GuardSession
+from qaudit.guard.codes import EXIT_STOPPED  # noqa: F401 (the API's)
+from qaudit.guard.options import GuardOptions
+
+if TYPE_CHECKING:
+    from qaudit.guard.session import GuardSession
+
+
+def __getattr__(name: str) -> Any:
+    # The session (and torch, which it needs) is imported when used: `qaudit guard`'s
+    # launcher imports this package and never runs a session itself.
+    if name == "GuardSession":
+        from qaudit.guard.session import GuardSession
+
+        return GuardSession
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def guard(model: Any = None, *, mode: str = "stop", steps: int = 1, report: str | None = None,

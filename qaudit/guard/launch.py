@@ -23,7 +23,8 @@ from pathlib import Path
 from qaudit.errors import InputError, printable
 from qaudit.guard.child import ENVIRONMENT
 from qaudit.guard.job import run_job
-from qaudit.guard.session import EXIT_GUARD_FAILED, EXIT_STOPPED, GuardOptions
+from qaudit.guard.codes import EXIT_GUARD_FAILED, EXIT_STOPPED
+from qaudit.guard.options import GuardOptions
 
 SITE = Path(__file__).resolve().parent / "site"
 PACKAGE = Path(__file__).resolve().parent.parent

@@ -16,35 +16,17 @@ import functools
 import os
 import sys
 import traceback
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from qaudit.errors import printable
 from qaudit.guard.codes import EXIT_GUARD_FAILED, EXIT_STOPPED  # noqa: F401 (re-exported)
+from qaudit.guard.options import GuardOptions  # noqa: F401 (re-exported)
 from qaudit.run.observe import LiveObserver
 
 # The schedule functions get_forward_backward_func() hands out
 # (megatron/core/pipeline_parallel/schedules.py).
 SCHEDULES = ("forward_backward_no_pipelining", "forward_backward_pipelining_without_interleaving",
              "forward_backward_pipelining_with_interleaving")
-
-
-@dataclass(frozen=True)
-class GuardOptions:
-    mode: str = "stop"  # stop | warn
-    steps: int = 1  # training steps watched from the first
-    report: str | None = None  # JSON report (rank 0)
-    numeric: bool = False
-    fail_on: str = "error"
-    results: str | None = None  # the launcher's private directory (qaudit/guard/launch.py)
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("stop", "warn"):
-            raise ValueError(f"mode must be stop or warn, not {self.mode!r}")
-        if self.steps < 1:
-            raise ValueError("steps must be 1 or more")
-        if self.fail_on not in ("error", "warning", "info"):
-            raise ValueError(f"fail_on must be error, warning or info, not {self.fail_on!r}")
 
 
 class GuardSession:
