@@ -21,7 +21,7 @@ from qaudit.errors import EnvironmentProblem, InputError, printable
 from qaudit.plan.upstream.detect import MegatronLocation, locate_megatron
 from qaudit.load.precision import Quant
 from qaudit.model.probe import CallRecord
-from qaudit.run.observe import LiveObserver, NumericCheck, Observation, StrayWrite
+from qaudit.run.observe import LiveObserver, MissingWrite, NumericCheck, Observation, StrayWrite
 from qaudit.run.rows import weight_cache_of
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ class UpstreamSide:
 # What the worker's result may hold besides plain values (crosscheck/plain.py): nothing else
 # crosses back into qaudit's process.
 RESULT_KINDS: tuple[type, ...] = (UpstreamSide, BuiltModel, ModuleFacts, Observation, CallRecord,
-                                  Quant, NumericCheck, StrayWrite)
+                                  Quant, NumericCheck, StrayWrite, MissingWrite)
 
 
 def upstream_side(config: "ModelConfig", recipe: "QuantRecipe | None", steps: int,
