@@ -100,7 +100,7 @@ def _on_device(tensor: torch.Tensor) -> torch.Tensor:
     On a GPU that is the tensor's own device; under `qaudit guard --cpu` the stand-in's pose."""
     if torch.cuda.is_available() and "transformer_engine_torch" in sys.modules \
             and getattr(sys.modules["transformer_engine_torch"], "QAUDIT_STAND_IN", False):
-        from qaudit.runtime.te_cpu.host import on_posed_device
+        from qaudit.runtime.standin.host import on_posed_device
 
         return on_posed_device(tensor)
     return tensor.cuda()

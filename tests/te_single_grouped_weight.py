@@ -36,7 +36,7 @@ EXPERTS, WIDTH, ROWS = 2, 16, 8
 def run(runtime, single: bool) -> dict:
     import inspect
 
-    from qaudit.runtime.te_cpu.host import on_posed_device
+    from qaudit.runtime.standin.host import on_posed_device
 
     import transformer_engine.pytorch as te  # booted on the stand-in by select_runtime
 
