@@ -129,6 +129,8 @@ def check(
                                                   help="Reference runtime on cpu or cuda."),
     seed: int = typer.Option(0, metavar="N", show_default=False,
                              help="Seed for weights and data (default 0)."),
+    no_infer: bool = typer.Option(False, "--no-infer", help="--runtime te: run TE's code for "
+                                  "every module, not one per class of identical ones."),
     evaluation: bool = typer.Option(False, "--eval", help="Forward-only, modules in eval mode."),
     verify: bool = typer.Option(False, "--verify", help="Measure main_grad against a "
                                 "reference."),
@@ -207,7 +209,8 @@ def check(
                            startup_checks=startup_checks,
                            cross_check_timeout=cross_check_timeout,
                            cross_check_memory=cross_check_memory or None,
-                           allow_long_audit=allow_long_audit, overrides=overrides)
+                           allow_long_audit=allow_long_audit, overrides=overrides,
+                           te_infer=not no_infer)
     from qaudit.load.run_files import one_run
 
     if several:
