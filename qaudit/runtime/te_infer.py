@@ -240,14 +240,21 @@ class _Inferred(torch.autograd.Function):
                 param.main_grad  # noqa: B018 - TE reads it: missing fails as TE's backward does
                 if hasattr(param, "grad_added_to_main_grad"):
                     param.grad_added_to_main_grad = True
-                    grads.append(torch.zeros_like(param))
+                    # TE's dummy: nothing reads its values (the DDP hook skips it).
+                    grads.append(_dummy(param))
                 else:
                     grads.append(None)
             else:
-                grads.append(torch.zeros_like(param))
+                grads.append(_dummy(param))
         x_grad = (grad.new_zeros(ctx.x_shape, dtype=ctx.x_dtype) if ctx.needs_input_grad[3]
                   else None)
         return (None, None, None, x_grad, *grads)
+
+
+def _dummy(param: torch.Tensor) -> torch.Tensor:
+    """Zeros of a parameter's shape over one stored element (a grouped module has hundreds of
+    weights): an inferred call's gradient values are never read, as TE's own are not relied on."""
+    return param.new_zeros(()).expand_as(param)
 
 
 def _inferred_output(module: torch.nn.Module, x: torch.Tensor, outcome: _Outcome) -> torch.Tensor:
