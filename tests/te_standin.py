@@ -94,7 +94,8 @@ def run_case(runtime, kind, quant, flags, per_call_backward, fuse, overwrite) ->
     return {"decisions": decisions, "caches": caches}
 
 
-def run_pair(runtime, kind, quant, flags, per_call_backward, fuse, overwrite) -> tuple[dict, dict, int]:
+def run_pair(runtime, kind, quant, flags, per_call_backward, fuse,
+             overwrite) -> tuple[dict, dict, int]:
     """The case on two identical TE modules in a row, as two layers: the first runs TE's code,
     the second's calls are inferred from it (qaudit/runtime/te_infer.py). Both records, and
     how many modules were inferred (1, or the case proves nothing about inference)."""
@@ -116,9 +117,11 @@ def run_pair(runtime, kind, quant, flags, per_call_backward, fuse, overwrite) ->
             for flag in flags:
                 x = torch.randn(ROWS, WIDTH)
                 hidden = _call(first, kind, x, flag)
-                got["first"]["caches"].append(getattr(first, "observed_cache", None) if quant else None)
+                got["first"]["caches"].append(
+                    getattr(first, "observed_cache", None) if quant else None)
                 y = _call(second, kind, hidden, flag)
-                got["second"]["caches"].append(getattr(second, "observed_cache", None) if quant else None)
+                got["second"]["caches"].append(
+                    getattr(second, "observed_cache", None) if quant else None)
                 if per_call_backward:
                     y.sum().backward()
                 else:

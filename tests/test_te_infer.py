@@ -125,3 +125,18 @@ def test_a_module_that_differs_in_structure_is_a_class_of_its_own():
     assert [m.te_calls for m in modules] == [2, 0, 2]
     summary = inference.summary([m.name for m in modules])
     assert summary["classes"] == [{"representative": "layers.0", "inferred": ["layers.1"]}]
+
+
+def test_the_table_names_the_representatives_and_the_inferred_modules_as_index_sets():
+    from types import SimpleNamespace
+
+    from qaudit.render.common import te_inference_lines
+
+    names = [f"decoder.layers.{i}.mlp.linear_fc1" for i in (1, 2, 3, 5)] + ["mtp.eh_proj"]
+    report = SimpleNamespace(te_inference={"modules_run": 2, "modules_inferred": 5, "classes": [
+        {"representative": "decoder.layers.0.mlp.linear_fc1", "inferred": names}]})
+    assert te_inference_lines(report) == [
+        "te inference: TE's code ran for 2 modules; 5 inferred from 1 identical ones "
+        "(--no-infer runs TE's code for each; docs/te-inference.md)",
+        "  decoder.layers.0.mlp.linear_fc1 -> decoder.layers.[1-3,5].mlp.linear_fc1, mtp.eh_proj"]
+    assert te_inference_lines(SimpleNamespace(te_inference=None)) == []

@@ -86,7 +86,8 @@ def _same(a: Any, b: Any, seen: set[tuple[int, int]], names: frozenset[str]) -> 
             return False
         # A tensor's hook tables live in its C++ object, not in its __dict__.
         return all(_same(getattr(a, table), getattr(b, table), seen, names)
-                   for table in _TENSOR_HOOKS) and _same_attributes(a.__dict__, b.__dict__, seen, names)
+                   for table in _TENSOR_HOOKS) \
+            and _same_attributes(a.__dict__, b.__dict__, seen, names)
     if isinstance(a, torch.nn.Module):
         return _same_attributes(a.__dict__, b.__dict__, seen, names)
     if isinstance(a, dict):
@@ -96,7 +97,8 @@ def _same(a: Any, b: Any, seen: set[tuple[int, int]], names: frozenset[str]) -> 
         # differs per module: their order and hooks matter, not the numbers.
         handles = kind is collections.OrderedDict
         return all((ka == kb or handles and isinstance(ka, int) and isinstance(kb, int))
-                   and _same(va, vb, seen, names) for (ka, va), (kb, vb) in zip(a.items(), b.items()))
+                   and _same(va, vb, seen, names)
+                   for (ka, va), (kb, vb) in zip(a.items(), b.items()))
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y, seen, names) for x, y in zip(a, b))
     if isinstance(a, (set, frozenset)):

@@ -492,8 +492,6 @@ def te_inference_lines(report: Report) -> list[str]:
     inference = getattr(report, "te_inference", None)
     if not inference:
         return []
-    if "fallback" in inference:
-        return [f"te inference: off, every module ran TE's code ({inference['fallback']})"]
     classes = inference["classes"]
     lines = [f"te inference: TE's code ran for {inference['modules_run']:,} modules; "
              f"{inference['modules_inferred']:,} inferred from {len(classes):,} identical ones "

@@ -18,9 +18,9 @@ from qaudit.judge.report import SEVERITIES
 from qaudit.render.common import (SHAPE_HEADERS, FindingGroup, RowGroup, calls_text,
                                   collapse_rows, compress_names, cross_check_line, format_error,
                                   group_findings, location, megatron_text, memory_line,
-                                  observation_line, policy_text, te_inference_lines, shape_rows, shape_title,
+                                  observation_line, policy_text, shape_rows, shape_title,
                                   short_type, source_lines, summary_line, suppressed_findings,
-                                  te_text)
+                                  te_inference_lines, te_text)
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
 

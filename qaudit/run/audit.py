@@ -33,7 +33,6 @@ from qaudit.run.rows import ModuleRow, accumulation_of, calls_per_microbatch, pr
 from qaudit.run.train import run_evaluation, run_training
 from qaudit.runtime import select_runtime
 from qaudit.runtime.reference import ReferenceRuntime
-from qaudit.runtime.te_infer import InferenceFallback
 from qaudit.runtime.te_shapes import shape_checks_for
 
 
@@ -84,13 +83,6 @@ def run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOpt
         try:
             with built_objects_set_aside():
                 return _run_audit(config, recipe, options, policy_name)
-        except InferenceFallback as exc:
-            # A call no identical module made first: nothing answers for it, so every module
-            # runs TE's code (rare: a recompute's order; the report says why).
-            with built_objects_set_aside():
-                run = _run_audit(config, recipe, replace(options, te_infer=False), policy_name)
-            run.te_inference = {"fallback": str(exc)}
-            return run
         except EnvironmentProblem as exc:
             # --runtime auto chose te (e.g. TE's Python on the CPU stand-in), and TE cannot run a
             # recipe of this config here: the reference audits it, and its runtime line says why.
@@ -220,7 +212,7 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
 def _te_inference(model: GPTModel, session: Session, options: AuditOptions):
     """The te runtime's classes of identical TE modules, formed before the run; None where
     every module runs TE's code: --no-infer, --verify (each module's gradient values are
-    compared) and under torchrun (a fallback would have to be agreed by every rank)."""
+    compared) and under torchrun (each rank would report its own classes)."""
     runtime = session.runtime
     if not hasattr(runtime, "form_classes"):
         return None

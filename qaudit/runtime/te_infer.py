@@ -12,9 +12,9 @@ run for it, its output is zeros of the right shape, and its records are the ones
 produced for that member. A grouped module's call is keyed by the distinct token counts of its
 experts, not by which expert got which count: experts with the same count are identical.
 
-A member that was inferred once has no TE state of its own (no weight workspace): if it later
-makes a call no member has made after the same history, nothing can answer for it, and the
-audit is run again with inference off (`InferenceFallback`; the report says so).
+A member that was inferred has no TE state of its own (no weight workspace): if it later
+makes a call no member made after the same history, TE's code first makes its earlier calls
+again (on zeros, records dropped), then runs this one and every later one.
 """
 
 from __future__ import annotations
@@ -37,10 +37,6 @@ class Replayed:
     dtype: torch.dtype
     requires_grad: bool
     splits: tuple[int, ...] | None
-
-
-class InferenceFallback(Exception):
-    """A module inferred before made a call no member of its class made first."""
 
 
 @dataclass
@@ -126,7 +122,8 @@ class ClassInference:
                 count += 1
 
     def run(self, module: torch.nn.Module, x: torch.Tensor, splits: Sequence[int] | None,
-            seen_splits: Sequence[int] | None, flag: bool | None, current_quant: Any, run_te: Callable[[], torch.Tensor],
+            seen_splits: Sequence[int] | None, flag: bool | None, current_quant: Any,
+            run_te: Callable[[], torch.Tensor],
             replay: Callable[[Replayed], None]) -> torch.Tensor:
         """One call: TE's code where no member made it first, else the inferred copy.
         `seen_splits`: a grouped module's rows per expert as TE sees them (padded), whose
@@ -140,7 +137,8 @@ class ClassInference:
             return run_te()
         call = (flag, current_quant, torch.is_grad_enabled(), module.training,
                 module.wgrad_listener is not None, tuple(x.shape), x.dtype, x.requires_grad,
-                None if seen_splits is None else (len(seen_splits), tuple(sorted(set(seen_splits)))),
+                None if seen_splits is None
+                else (len(seen_splits), tuple(sorted(set(seen_splits)))),
                 tuple(_parameter_key(p) for p in module.parameters()))
         history = self._history.get(own, ())
         self._history[own] = (*history, call)
