@@ -237,7 +237,8 @@ def _replay(module: torch.nn.Module, base: Callable, call: Replayed) -> None:
     """Make an inferred call again with TE's code, on zeros, as it was made (precision, grad
     mode, training mode, shapes), for the module's own TE state; nothing listens."""
     runtime: TERuntime = module._qaudit_runtime
-    x = torch.zeros(call.shape, dtype=call.dtype, requires_grad=call.requires_grad)
+    x = torch.zeros(call.shape, dtype=call.dtype, device=_first_weight(module).device,
+                    requires_grad=call.requires_grad)
     module.train(call.training)
     with runtime.autocast(call.quant), torch.set_grad_enabled(call.grad):
         _run_te(module, base, x, call.splits, call.flag)
