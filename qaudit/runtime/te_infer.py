@@ -64,8 +64,11 @@ class _Outcome:
             self.waiting.append(listener)
 
 
+_PLAIN = frozenset({bool, int, float, str, type(None)})
+
+
 def _attribute_key(value: Any) -> Hashable:
-    if value is None or isinstance(value, (bool, int, float, str)):
+    if type(value) in _PLAIN:
         return value
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.dtype, value.device.type)
@@ -77,8 +80,21 @@ def _attribute_key(value: Any) -> Hashable:
 def _parameter_key(param: torch.nn.Parameter) -> Hashable:
     # Attributes Megatron's DDP and the audit set between calls (main_grad, overwrite_main_grad,
     # grad_added_to_main_grad, ...): read per call, since they can change after the classes form.
-    return (param.requires_grad, tuple(sorted((name, _attribute_key(value))
-                                              for name, value in param.__dict__.items())))
+    # Asked for every parameter at every call (a grouped module has hundreds): no sorting (an
+    # attribute set in another order only makes a call run TE's code), plain values as they are.
+    return (param.requires_grad, tuple([(name, value if type(value) in _PLAIN
+                                         else _attribute_key(value))
+                                        for name, value in param.__dict__.items()]))
+
+
+def _parameters(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The module's named parameters, kept with the module (asked at every call and every
+    inferred backward; TE's modules have hundreds in a grouped one, and never replace them)."""
+    cached = module.__dict__.get("_qaudit_parameters")
+    if cached is None or len(cached[0]) != len(module._parameters):
+        cached = (dict(module._parameters), list(module.named_parameters()))
+        module.__dict__["_qaudit_parameters"] = cached
+    return cached[1]
 
 
 def _delays_wgrad(module: torch.nn.Module) -> bool:
@@ -139,7 +155,7 @@ class ClassInference:
                 module.wgrad_listener is not None, tuple(x.shape), x.dtype, x.requires_grad,
                 None if seen_splits is None
                 else (len(seen_splits), tuple(sorted(set(seen_splits)))),
-                tuple(_parameter_key(p) for p in module.parameters()))
+                tuple([_parameter_key(p) for _, p in _parameters(module)]))
         history = self._history.get(own, ())
         self._history[own] = (*history, call)
         key = (klass, history, call)
@@ -231,7 +247,7 @@ class _Inferred(torch.autograd.Function):
             ctx.outcome.deliver(ctx.listener)
         fused = bool(getattr(module, "fuse_wgrad_accumulation", False))
         grads = []
-        for (name, param), needed in zip(module.named_parameters(), ctx.needs_input_grad[4:]):
+        for (name, param), needed in zip(_parameters(module), ctx.needs_input_grad[4:]):
             if not needed:
                 grads.append(None)
             elif name.startswith("weight") and fused:
@@ -256,5 +272,5 @@ def _dummy(param: torch.Tensor) -> torch.Tensor:
 
 
 def _inferred_output(module: torch.nn.Module, x: torch.Tensor, outcome: _Outcome) -> torch.Tensor:
-    params = list(module.parameters())
+    params = [p for _, p in _parameters(module)]
     return _Inferred.apply(module, outcome, module.wgrad_listener, x, *params)
