@@ -229,48 +229,70 @@ class ClassInference:
 
 class _Inferred(torch.autograd.Function):
     """A call TE's code did not run: zeros forward; in backward the representative's wgrad
-    decision, and what TE's backward hands autograd for each parameter."""
+    decision, and what TE's backward does for each parameter. `params`: the parameters whose
+    gradient autograd gets a tensor for; a fused weight with `grad_added_to_main_grad` is not
+    among them (TE hands autograd a dummy that Megatron's DDP hook skips: a grouped module has
+    hundreds), only marked as TE marks it."""
 
     @staticmethod
     def forward(ctx, module: torch.nn.Module, outcome: _Outcome,
-                listener: Callable[[str], None] | None, x: torch.Tensor,
-                *params: torch.Tensor) -> torch.Tensor:
-        ctx.module, ctx.outcome, ctx.listener = module, outcome, listener
+                listener: Callable[[str], None] | None, marked: list[torch.nn.Parameter],
+                weights: tuple[bool, ...], x: torch.Tensor, *params: torch.Tensor
+                ) -> torch.Tensor:
+        ctx.module, ctx.outcome, ctx.listener, ctx.marked = module, outcome, listener, marked
         ctx.x_shape, ctx.x_dtype = x.shape, x.dtype
+        ctx.params, ctx.weights = params, weights
         width = int(module.out_features)
         return x.new_zeros(tuple(x.shape[:-1]) + (width,))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        module = ctx.module
         if ctx.listener is not None:
             ctx.outcome.deliver(ctx.listener)
-        fused = bool(getattr(module, "fuse_wgrad_accumulation", False))
+        for param in ctx.marked:
+            param.main_grad  # noqa: B018 - TE reads it: missing fails as TE's backward does
+            param.grad_added_to_main_grad = True
+        fused = bool(getattr(ctx.module, "fuse_wgrad_accumulation", False))
         grads = []
-        for (name, param), needed in zip(_parameters(module), ctx.needs_input_grad[4:]):
+        for param, weight, needed in zip(ctx.params, ctx.weights, ctx.needs_input_grad[6:]):
             if not needed:
                 grads.append(None)
-            elif name.startswith("weight") and fused:
-                param.main_grad  # noqa: B018 - TE reads it: missing fails as TE's backward does
+            elif fused and weight:
+                param.main_grad  # noqa: B018 - as above
                 if hasattr(param, "grad_added_to_main_grad"):
                     param.grad_added_to_main_grad = True
-                    # TE's dummy: nothing reads its values (the DDP hook skips it).
-                    grads.append(_dummy(param))
+                    grads.append(_dummy(param))  # TE's dummy
                 else:
                     grads.append(None)
             else:
                 grads.append(_dummy(param))
-        x_grad = (grad.new_zeros(ctx.x_shape, dtype=ctx.x_dtype) if ctx.needs_input_grad[3]
+        x_grad = (grad.new_zeros(ctx.x_shape, dtype=ctx.x_dtype) if ctx.needs_input_grad[5]
                   else None)
-        return (None, None, None, x_grad, *grads)
+        return (None, None, None, None, None, x_grad, *grads)
 
 
 def _dummy(param: torch.Tensor) -> torch.Tensor:
-    """Zeros of a parameter's shape over one stored element (a grouped module has hundreds of
-    weights): an inferred call's gradient values are never read, as TE's own are not relied on."""
+    """Zeros of a parameter's shape over one stored element: an inferred call's gradient
+    values are never read."""
     return param.new_zeros(()).expand_as(param)
 
 
 def _inferred_output(module: torch.nn.Module, x: torch.Tensor, outcome: _Outcome) -> torch.Tensor:
-    params = [p for _, p in _parameters(module)]
-    return _Inferred.apply(module, outcome, module.wgrad_listener, x, *params)
+    fused = bool(getattr(module, "fuse_wgrad_accumulation", False))
+    marked, params, weights = [], [], []
+    grad = torch.is_grad_enabled()
+    for name, param in _parameters(module):
+        weight = name.startswith("weight")
+        if grad and weight and fused and param.requires_grad \
+                and hasattr(param, "grad_added_to_main_grad"):
+            marked.append(param)
+        else:
+            params.append(param)
+            weights.append(weight)
+    if marked and not x.requires_grad and not any(p.requires_grad for p in params):
+        # Nothing else makes the output need a gradient: one weight stays an input (with TE's
+        # dummy), so that the backward runs as TE's would.
+        params.append(marked.pop())
+        weights.append(True)
+    return _Inferred.apply(module, outcome, module.wgrad_listener, marked, tuple(weights), x,
+                           *params)
