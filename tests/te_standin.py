@@ -115,7 +115,8 @@ def run_pair(runtime, kind, quant, flags, per_call_backward, fuse,
     try:
         with context:
             for flag in flags:
-                x = torch.randn(ROWS, WIDTH)
+                # Needing a gradient as the first module's output does: the same call.
+                x = torch.randn(ROWS, WIDTH, requires_grad=True)
                 hidden = _call(first, kind, x, flag)
                 got["first"]["caches"].append(
                     getattr(first, "observed_cache", None) if quant else None)
