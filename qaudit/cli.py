@@ -129,8 +129,9 @@ def check(
                                                   help="Reference runtime on cpu or cuda."),
     seed: int = typer.Option(0, metavar="N", show_default=False,
                              help="Seed for weights and data (default 0)."),
-    no_infer: bool = typer.Option(False, "--no-infer", help="--runtime te: run TE's code for "
-                                  "every module, not one per class of identical ones."),
+    # Not in -h (it fits one screen): docs/usage.md and docs/te-inference.md describe it.
+    no_infer: bool = typer.Option(False, "--no-infer", hidden=True,
+                                  help="--runtime te: TE's code for every module."),
     evaluation: bool = typer.Option(False, "--eval", help="Forward-only, modules in eval mode."),
     verify: bool = typer.Option(False, "--verify", help="Measure main_grad against a "
                                 "reference."),
