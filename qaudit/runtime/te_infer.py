@@ -3,14 +3,14 @@
 What the te runtime records of a TE module call (its weight-cache use and its backward's wgrad
 decision) is TE's answer to what the module is and to the calls it has had: TE's decisions
 read flags, recipes, shapes and attributes, not the values of the tensors (the claim the
-case-matrix and whole-config tests check with inference on and off: tests/test_te_infer.py).
+case matrix and the configs check with inference on and off: tests/test_te_standin.py).
 So modules that are structurally identical (qaudit/model/identical.py, passed in by the run
-stage: same TE class, shapes,
-settings, parameter attributes and hooks) are one class, and a member's call is inferred from
-the first member that made the same call after the same history of calls: TE's code is not
-run for it, its output is zeros of the right shape, and its records are the ones TE's code
-produced for that member. A grouped module's call is keyed by the distinct token counts of its
-experts, not by which expert got which count: experts with the same count are identical.
+stage: same TE class, shapes, settings, parameter attributes and hooks) are one class, and a
+member's call is inferred from the first member that made the same call after the same
+history of calls: TE's code is not run for it, its output is zeros of the right shape, and
+its records are the ones TE's code produced for that member. A grouped module's call is keyed
+by the distinct (padded) row counts of its experts, not by which expert got which count:
+experts with the same count are identical.
 
 A member that was inferred has no TE state of its own (no weight workspace): if it later
 makes a call no member made after the same history, TE's code first makes its earlier calls
