@@ -129,6 +129,9 @@ def check(
                                                   help="Reference runtime on cpu or cuda."),
     seed: int = typer.Option(0, metavar="N", show_default=False,
                              help="Seed for weights and data (default 0)."),
+    # Not in -h (it fits one screen): docs/usage.md and docs/te-inference.md describe it.
+    no_infer: bool = typer.Option(False, "--no-infer", hidden=True,
+                                  help="--runtime te: TE's code for every module."),
     evaluation: bool = typer.Option(False, "--eval", help="Forward-only, modules in eval mode."),
     verify: bool = typer.Option(False, "--verify", help="Measure main_grad against a "
                                 "reference."),
@@ -207,7 +210,8 @@ def check(
                            startup_checks=startup_checks,
                            cross_check_timeout=cross_check_timeout,
                            cross_check_memory=cross_check_memory or None,
-                           allow_long_audit=allow_long_audit, overrides=overrides)
+                           allow_long_audit=allow_long_audit, overrides=overrides,
+                           te_infer=not no_infer)
     from qaudit.load.run_files import one_run
 
     if several:

@@ -94,6 +94,52 @@ def run_case(runtime, kind, quant, flags, per_call_backward, fuse, overwrite) ->
     return {"decisions": decisions, "caches": caches}
 
 
+def run_pair(runtime, kind, quant, flags, per_call_backward, fuse,
+             overwrite) -> tuple[dict, dict, int]:
+    """The case on two identical TE modules in a row, as two layers: the first runs TE's code,
+    the second's calls are inferred from it (qaudit/runtime/te_infer.py). Both records, and
+    how many modules were inferred (1, or the case proves nothing about inference)."""
+    import functools
+
+    from qaudit.model.identical import TE_MODULE_NAMES, same_structure
+
+    torch.manual_seed(0)
+    first, second = (_build(runtime, kind, fuse, overwrite) for _ in range(2))
+    inference = runtime.form_classes([("first", first), ("second", second)],
+                                     functools.partial(same_structure, names=TE_MODULE_NAMES))
+    got = {module: {"decisions": [], "caches": []} for module in ("first", "second")}
+    first.wgrad_listener = got["first"]["decisions"].append
+    second.wgrad_listener = got["second"]["decisions"].append
+    context = runtime.autocast(quant) if quant is not None else torch.enable_grad()
+    outputs = []
+    try:
+        with context:
+            for flag in flags:
+                # Needing a gradient as the first module's output does: the same call.
+                x = torch.randn(ROWS, WIDTH, requires_grad=True)
+                hidden = _call(first, kind, x, flag)
+                got["first"]["caches"].append(
+                    getattr(first, "observed_cache", None) if quant else None)
+                y = _call(second, kind, hidden, flag)
+                got["second"]["caches"].append(
+                    getattr(second, "observed_cache", None) if quant else None)
+                if per_call_backward:
+                    y.sum().backward()
+                else:
+                    outputs.append(y)
+                with torch.no_grad():
+                    for module in (first, second):
+                        for name, param in module.named_parameters():
+                            if name.startswith("weight"):
+                                param.data.add_(0.5)
+        if outputs:
+            sum(y.sum() * (i + 1) for i, y in enumerate(outputs)).backward()
+    finally:
+        runtime.inference = None
+    summary = inference.summary(["first", "second"]) or {}
+    return got["first"], got["second"], summary.get("modules_inferred", 0)
+
+
 def module_cases(te_runtime, behaviour) -> tuple[int, list[str], list[str], int]:
     """Every case on TE's modules against the reference runtime configured, as an audit is,
     with `behaviour` (the TE release's facts, qaudit/plan/upstream/te.py)."""
@@ -119,13 +165,18 @@ def module_cases(te_runtime, behaviour) -> tuple[int, list[str], list[str], int]
             case = (kind, recipe, (f1, f2), "per-call" if per_call else "one", fuse, overwrite)
             count += 1
             try:
-                got = run_case(te_runtime, kind, quant, (f1, f2), per_call, fuse, overwrite)
+                got, inferred, count_inferred = run_pair(te_runtime, kind, quant, (f1, f2),
+                                                         per_call, fuse, overwrite)
             except NotImplementedError as exc:
                 not_stood_in.append(f"{recipe} {kind}: {str(exc).splitlines()[0]}")
                 break
             want = run_case(reference, kind, quant, (f1, f2), per_call, fuse, overwrite)
             if got != want:
                 differences.append(f"{case}: te {got} reference {want}")
+            # The second module's calls inferred from the first's: the same records.
+            if inferred != want or count_inferred != 1:
+                differences.append(f"{case}: inferred ({count_inferred} module) {inferred} "
+                                   f"reference {want}")
             fact_applies = overwrite and quant is not None \
                 and kind in behaviour.overwrite_read_from_gemm_weight
             if fact_applies:
@@ -141,9 +192,12 @@ def _comparable(report) -> dict:
     return {"rows": rows, "findings": findings}
 
 
-def config_differences(paths: list[str], module_rows: dict | None = None) -> dict[str, str]:
+def config_differences(paths: list[str], module_rows: dict | None = None,
+                       inference: dict | None = None) -> dict[str, str]:
     """Per config: "same" where --runtime te gives the reference's rows and findings.
-    `module_rows` receives each audited config's (module name, upstream class) rows."""
+    `module_rows` receives each audited config's (module name, upstream class) rows;
+    `inference`, when given, per config whether --runtime te gives the same rows and findings
+    with inference off (--no-infer) as on, and how many modules were inferred."""
     from qaudit.commands.check import audit_config, load_inputs
     from qaudit.errors import EnvironmentProblem, InputError
     from qaudit.run.options import AuditOptions
@@ -155,6 +209,9 @@ def config_differences(paths: list[str], module_rows: dict | None = None) -> dic
             ref = audit_config(config, recipe, AuditOptions(steps=1, microbatches=2,
                                                               runtime="reference"))
             te = audit_config(config, recipe, AuditOptions(steps=1, microbatches=2, runtime="te"))
+            off = (audit_config(config, recipe, AuditOptions(steps=1, microbatches=2, runtime="te",
+                                                              te_infer=False))
+                   if inference is not None else None)
         except InputError as exc:
             out[path] = f"refused: {str(exc).splitlines()[0]}"
             continue
@@ -167,6 +224,12 @@ def config_differences(paths: list[str], module_rows: dict | None = None) -> dic
         if module_rows is not None:
             module_rows[path] = [(row.name, row.type) for row in ref.modules]
         a, b = _comparable(ref), _comparable(te)
+        if off is not None:
+            # TE's code for every module against one per class (qaudit/runtime/te_infer.py).
+            same = _comparable(off) == b
+            inferred = (te.te_inference or {}).get("modules_inferred", 0)
+            inference[path] = ("same" if same else "DIFFERENCE: inference on and off differ") \
+                + f"; {inferred} modules inferred"
         if a == b:
             out[path] = "same"
         else:
@@ -231,6 +294,10 @@ def shape_cases(runtime, version: str, module_rows: dict[str, list[tuple[str, st
 
 
 def main(argv: list[str]) -> int:
+    # --infer-both: each config also on --runtime te with inference off (one or two releases
+    # in CI, not every one: the off runs are the slow ones).
+    both = "--infer-both" in argv
+    argv = [a for a in argv if a != "--infer-both"]
     out_path, configs = argv[0], argv[1:]
     runtime = select_runtime("te", "cpu")
     version = runtime.api.version
@@ -238,11 +305,13 @@ def main(argv: list[str]) -> int:
 
     count, differences, not_stood_in, before = module_cases(runtime, te_behaviour(version))
     rows: dict[str, list[tuple[str, str]]] = {}
-    compared = config_differences(configs, rows) if configs else {}
+    inference: dict[str, str] | None = {} if both else None
+    compared = config_differences(configs, rows, inference) if configs else {}
     bundled = {path: found for path, found in rows.items() if Path(path).parent == REPO / "configs"}
     result = {"te": version, "runtime": runtime.description, "cases": count,
               "differences": differences, "not_stood_in": not_stood_in,
               "differences_without_module_kind_fact": before, "configs": compared,
+              "inference": inference,
               "shape_checks": shape_cases(runtime, version, bundled)}
     Path(out_path).write_text(json.dumps(result, indent=1))
     return 0

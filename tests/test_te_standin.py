@@ -294,12 +294,12 @@ def _corpus_files() -> list[str]:
     return chosen[::step][:CORPUS_FILES]
 
 
-def _run_release(te_dir: Path, configs: list[str], tmp_path: Path) -> dict:
+def _run_release(te_dir: Path, configs: list[str], tmp_path: Path, *flags: str) -> dict:
     out = tmp_path / f"{te_dir.name}.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(te_dir), str(te_dir.parent / "te-deps")])
     done = subprocess.run([sys.executable, str(REPO / "tests" / "te_standin.py"), str(out),
-                           *configs], cwd=REPO, env=env, capture_output=True, text=True,
+                           *flags, *configs], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=3600)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(out.read_text())
@@ -312,11 +312,20 @@ def test_te_modules_and_checks_match_the_reference(te_dir, tmp_path):
     bundled = sorted(str(p) for p in (REPO / "configs").glob("*.yaml"))
     newest = te_dir == TE_DIRS[-1]
     corpus = _corpus_files() if newest else []
-    result = _run_release(te_dir, bundled + corpus, tmp_path)
+    # Inference by class (qaudit/runtime/te_infer.py) is on in every audit here; on the oldest
+    # and the newest release each config also runs with it off, for the same rows and findings.
+    both = ("--infer-both",) if te_dir in (TE_DIRS[0], TE_DIRS[-1]) else ()
+    result = _run_release(te_dir, bundled + corpus, tmp_path, *both)
     assert result["cases"] > 500
+    if both:
+        inference = result["inference"]
+        assert [p for p, v in inference.items() if not v.startswith("same")] == []
+        # Something was inferred, or the comparison proves nothing.
+        assert sum(int(v.split("; ")[1].split()[0]) for v in inference.values()) > 100
     # TE's own modules make the reference runtime's decisions in every case, including TE
     # 2.9-2.14's reading of overwrite_main_grad from a quantized weight copy (modelled in
-    # qaudit/plan/upstream/te.py): no difference is excused.
+    # qaudit/plan/upstream/te.py): no difference is excused. Each case runs on two identical
+    # modules in a row, the second's calls inferred from the first's: the same records too.
     assert result["differences"] == []
     # TE's own Python shape checks (issue 24) give qaudit's table's answer on every bundled
     # config's real-width shapes and on hand-made bad shapes, in every recipe; some of those

@@ -190,6 +190,7 @@ def _audit_config(config: ModelConfig, recipe: QuantRecipe | None, options: Audi
         report.cross_check = run.facts.cross_check.to_dict()
     report.memory = run.memory
     report.observation = run.observation
+    report.te_inference = run.te_inference
     report.gemm_shapes = gemm_shapes(run.facts)
     if options.compare_policies:
         report.policies = compare_policies(config, recipe, options, rows)

@@ -76,6 +76,9 @@ class Report:
     # Modules inferred identical to an observed one (qaudit/run/inferred.py observation()):
     # counts, and per class the observed expert and the inferred ones. None when all ran.
     observation: dict[str, Any] | None = None
+    # --runtime te: the modules that ran TE's code and the ones inferred from an identical
+    # one (qaudit/runtime/te_infer.py summary()), or why inference fell back. None otherwise.
+    te_inference: dict[str, Any] | None = None
 
     def counts(self) -> Counter:
         return Counter(f.severity for f in self.findings)
@@ -112,6 +115,7 @@ class Report:
             **({"gemm_shapes": self.gemm_shapes} if self.gemm_shapes is not None else {}),
             **({"guard": self.guard} if self.guard is not None else {}),
             **({"observation": self.observation} if self.observation is not None else {}),
+            **({"te_inference": self.te_inference} if self.te_inference is not None else {}),
         }
 
 

@@ -26,6 +26,8 @@ import torch
 # by construction, and what a name decides (a recipe binding, a graphed layer) is an
 # attribute of its own, compared.
 _NAMES = frozenset({"fqn", "match_name"})
+# TE's own modules also carry `name`, TE's debug name for the module (qaudit/runtime/te_infer.py).
+TE_MODULE_NAMES = _NAMES | {"name"}
 _SCALARS = frozenset({bool, int, float, complex, str, bytes, type(None)})
 _TENSOR_HOOKS = ("_backward_hooks", "_post_accumulate_grad_hooks")
 _CONTAINERS = frozenset({dict, collections.OrderedDict, list, tuple, set, frozenset})
@@ -56,15 +58,16 @@ def expert_classes(experts: list[torch.nn.Module]) -> list[ExpertClass]:
     return [ExpertClass(members[0], tuple(members[1:])) for members in groups]
 
 
-def same_structure(a: Any, b: Any) -> bool:
+def same_structure(a: Any, b: Any, names: frozenset[str] = _NAMES) -> bool:
     """Whether `a` and `b` differ at most in module names and tensor values: the same
     classes, attributes (recursively: submodules, parameters and their attributes, recipe
     objects), hooks (by their code) and tensor shapes. The same object is the same (what
-    the model shares: config, session, runtime); cycles compare as equal where they close."""
-    return _same(a, b, set())
+    the model shares: config, session, runtime); cycles compare as equal where they close.
+    `names`: the attributes that only name an object (TE's own modules add their `name`)."""
+    return _same(a, b, set(), names)
 
 
-def _same(a: Any, b: Any, seen: set[tuple[int, int]]) -> bool:
+def _same(a: Any, b: Any, seen: set[tuple[int, int]], names: frozenset[str]) -> bool:
     if a is b:
         return True
     kind = type(a)
@@ -82,10 +85,11 @@ def _same(a: Any, b: Any, seen: set[tuple[int, int]]) -> bool:
                 or a.requires_grad != b.requires_grad:
             return False
         # A tensor's hook tables live in its C++ object, not in its __dict__.
-        return all(_same(getattr(a, table), getattr(b, table), seen) for table in _TENSOR_HOOKS) \
-            and _same_attributes(a.__dict__, b.__dict__, seen)
+        return all(_same(getattr(a, table), getattr(b, table), seen, names)
+                   for table in _TENSOR_HOOKS) \
+            and _same_attributes(a.__dict__, b.__dict__, seen, names)
     if isinstance(a, torch.nn.Module):
-        return _same_attributes(a.__dict__, b.__dict__, seen)
+        return _same_attributes(a.__dict__, b.__dict__, seen, names)
     if isinstance(a, dict):
         if len(a) != len(b):
             return False
@@ -93,30 +97,32 @@ def _same(a: Any, b: Any, seen: set[tuple[int, int]]) -> bool:
         # differs per module: their order and hooks matter, not the numbers.
         handles = kind is collections.OrderedDict
         return all((ka == kb or handles and isinstance(ka, int) and isinstance(kb, int))
-                   and _same(va, vb, seen) for (ka, va), (kb, vb) in zip(a.items(), b.items()))
+                   and _same(va, vb, seen, names)
+                   for (ka, va), (kb, vb) in zip(a.items(), b.items()))
     if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y, seen) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_same(x, y, seen, names) for x, y in zip(a, b))
     if isinstance(a, (set, frozenset)):
         return a == b
     if callable(a):
         return _callable_key(a) == _callable_key(b)
     if hasattr(a, "__dict__"):
-        return _same_attributes(a.__dict__, b.__dict__, seen)
+        return _same_attributes(a.__dict__, b.__dict__, seen, names)
     return a == b
 
 
-def _same_attributes(a: dict, b: dict, seen: set[tuple[int, int]]) -> bool:
+def _same_attributes(a: dict, b: dict, seen: set[tuple[int, int]],
+                     names: frozenset[str]) -> bool:
     if a.keys() != b.keys():
         return False
     for name, value in a.items():
         other = b[name]
-        if value is other or name in _NAMES:
+        if value is other or name in names:
             continue
         kind = type(value)
         # Most of a module's attributes are torch's empty hook tables: equal at a glance.
         if kind in _CONTAINERS and kind is type(other) and not value and not other:
             continue
-        if not _same(value, other, seen):
+        if not _same(value, other, seen, names):
             return False
     return True
 

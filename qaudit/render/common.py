@@ -486,6 +486,40 @@ def observation_line(report: Report) -> str | None:
             f"{observation['modules_observed']:,} modules observed; docs/observed-once.md)")
 
 
+def te_inference_lines(report: Report) -> list[str]:
+    """--runtime te: which modules ran TE's code and which were inferred, per representative
+    (docs/te-inference.md); the inferred names with their layer numbers as index sets."""
+    inference = getattr(report, "te_inference", None)
+    if not inference:
+        return []
+    classes = inference["classes"]
+    lines = [f"te inference: TE's code ran for {inference['modules_run']:,} modules; "
+             f"{inference['modules_inferred']:,} inferred from {len(classes):,} identical ones "
+             f"(--no-infer runs TE's code for each; docs/te-inference.md)"]
+    for entry in classes:
+        lines.append(f"  {entry['representative']} -> {_compact_names(entry['inferred'])}")
+    return lines
+
+
+def _compact_names(names: list[str]) -> str:
+    """`decoder.layers.[1-3,5].mlp.linear_fc1` for names that differ in one number only."""
+    import re
+
+    groups: dict[tuple[str, str], list[int]] = {}
+    singles = []
+    for name in names:
+        numbers = list(re.finditer(r"(?<=\.)\d+(?=\.)", name))
+        if not numbers:
+            singles.append(name)
+            continue
+        last = numbers[0]
+        key = (name[:last.start()], name[last.end():])
+        groups.setdefault(key, []).append(int(last.group()))
+    parts = [f"{head}{index_set_text(tuple(indices)) if len(indices) > 1 else indices[0]}{tail}"
+             for (head, tail), indices in groups.items()]
+    return ", ".join(parts + singles)
+
+
 SHAPE_HEADERS = ["modules", "n", "precision", "M", "K", "N"]
 
 

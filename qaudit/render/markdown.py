@@ -10,6 +10,7 @@ import re
 from qaudit.render.common import (SHAPE_HEADERS, calls_text, collapse_names, cross_check_line,
                                   format_error, group_findings, group_rows, location,
                                   megatron_text, memory_line, observation_line, policy_text,
+                                  te_inference_lines,
                                   severity_counts, shape_rows, shape_title, short_type,
                                   summary_counts, suppressed_findings, te_text)
 from qaudit.errors import printable
@@ -182,6 +183,10 @@ def render_markdown(report: Report, exit_code: int, *, expand: bool = False) -> 
     observation = observation_line(report)
     if observation:
         lines.extend([escape(observation), ""])
+    inference = te_inference_lines(report)
+    if inference:
+        items = [f"- {escape(line.strip())}" for line in inference[1:]]
+        lines.extend([escape(inference[0]), ""] + items + ([""] if items else []))
     if report.findings:
         lines.extend(_findings(report, expand) + [""])
     suppressed = suppressed_findings(report)

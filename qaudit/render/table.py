@@ -20,7 +20,7 @@ from qaudit.render.common import (SHAPE_HEADERS, FindingGroup, RowGroup, calls_t
                                   group_findings, location, megatron_text, memory_line,
                                   observation_line, policy_text, shape_rows, shape_title,
                                   short_type, source_lines, summary_line, suppressed_findings,
-                                  te_text)
+                                  te_inference_lines, te_text)
 from qaudit.judge.report import Report
 from qaudit.plan.upstream.releases import policy_versions
 
@@ -72,6 +72,8 @@ def _header(report: Report, width: int) -> list[str]:
     observation = observation_line(report)
     if observation:
         lines.extend(_wrap(observation, width, "", "  "))
+    for line in te_inference_lines(report):
+        lines.extend(_wrap(line, width, "", "    "))
     config = f"config: {printable(report.config)}"
     recipe = f"recipe: {report.recipe}" if report.recipe else ""
     if recipe and len(config) + 3 + len(recipe) <= width:

@@ -3,6 +3,7 @@ recorded; what it leaves (`AuditRun`) is the judge's evidence."""
 
 from __future__ import annotations
 
+import functools
 import gc
 from collections import defaultdict
 from dataclasses import dataclass, replace
@@ -13,6 +14,7 @@ from qaudit.errors import EnvironmentProblem, InputError
 from qaudit.load.config import ModelConfig
 from qaudit.load.recipe import QuantRecipe, import_custom_factory
 from qaudit.model.gpt import GPTModel, build_model
+from qaudit.model.identical import TE_MODULE_NAMES, same_structure
 from qaudit.model.probe import CallRecord
 from qaudit.model.session import Session
 from qaudit.plan.dims import model_dims
@@ -48,6 +50,9 @@ class AuditRun:
     # Modules inferred identical to an observed one, by class (qaudit/run/inferred.py);
     # None when every module ran.
     observation: dict | None = None
+    # --runtime te: which modules ran TE's code and which were inferred from an identical
+    # one (qaudit/runtime/te_infer.py); None when every module ran it.
+    te_inference: dict | None = None
 
 
 def megatron_target(options: AuditOptions, config: ModelConfig | None = None) -> MegatronTarget:
@@ -145,6 +150,7 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
         runner = StageRunner(model, options.world.rank)
     snapshot: dict[str, torch.Tensor] = {}
     expert_layers = form_classes(model) if session.observe_once else []
+    inference = _te_inference(model, session, options)
 
     def keep_last_step_weights(step: int) -> None:
         if options.verify and step == options.steps - 1:
@@ -199,7 +205,23 @@ def _run_audit(config: ModelConfig, recipe: QuantRecipe | None, options: AuditOp
         te_shape_checks=shape_checks_for(session.runtime), megatron=megatron_target(options, config))
     return AuditRun(model=model, session=session, records=records, rows=rows_in_order, facts=facts,
                     snapshot=snapshot or None, memory=memory,
-                    observation=observation(classes, order))
+                    observation=observation(classes, order),
+                    te_inference=inference.summary(order) if inference is not None else None)
+
+
+def _te_inference(model: GPTModel, session: Session, options: AuditOptions):
+    """The te runtime's classes of identical TE modules, formed before the run; None where
+    every module runs TE's code: --no-infer, --verify (each module's gradient values are
+    compared) and under torchrun (each rank would report its own classes)."""
+    runtime = session.runtime
+    if not hasattr(runtime, "form_classes"):
+        return None
+    runtime.inference = None
+    if not options.te_infer or options.verify or options.world is not None:
+        return None
+    pairs = [(m.fqn, m.inner) for m in model.audited_modules()
+             if m.is_te and isinstance(getattr(m, "inner", None), torch.nn.Module)]
+    return runtime.form_classes(pairs, functools.partial(same_structure, names=TE_MODULE_NAMES))
 
 
 # Settings only the reference runtime reproduces (docs/te-settings.md); the te runtime would

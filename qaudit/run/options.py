@@ -54,3 +54,7 @@ class AuditOptions:
     # Identical sequential experts of a layer are one observation where no value is read
     # (docs/observed-once.md); False runs every expert (the Python API's, for comparison).
     observe_once: bool = True
+    # --runtime te: TE's own code for one module per class of identical modules, the others'
+    # calls inferred from it (qaudit/runtime/te_infer.py; --no-infer turns it off). Never with
+    # --verify: each module's gradient values are compared.
+    te_infer: bool = True

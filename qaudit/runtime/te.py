@@ -49,6 +49,7 @@ import torch
 from qaudit.runtime import reference
 from qaudit.errors import EnvironmentProblem
 from qaudit.load.precision import Quant
+from qaudit.runtime.te_infer import ClassInference, Replayed
 from qaudit.runtime.wgrad import (BeforeBackward, WgradRule, documented_rule,
                                   measure_wgrad_rule, observe_wgrad, rule_differences)
 
@@ -218,7 +219,34 @@ def _pad_rows(x: torch.Tensor, splits: Sequence[int] | None, align: int):
 
 def _run(module: torch.nn.Module, base: Callable, x: torch.Tensor,
          splits: Sequence[int] | None, flag: bool | None) -> torch.Tensor:
-    """Forward of one probed TE module: pad rows if quantized, call TE, attach the probe."""
+    """Forward of one probed TE module: TE's code, or the call inferred from an identical
+    module's (qaudit/runtime/te_infer.py) where the runtime infers."""
+    runtime: TERuntime = module._qaudit_runtime
+    if runtime.inference is None:
+        return _run_te(module, base, x, splits, flag)
+    # TE sees each expert's rows padded to the recipe's alignment (_pad_rows): the counts it
+    # sees are what make experts differ.
+    align = runtime.row_alignment() if splits is not None else None
+    seen = splits if align is None else [m + (-m % align) for m in splits]
+    return runtime.inference.run(module, x, splits, seen, flag, runtime.current_quant(),
+                                 lambda: _run_te(module, base, x, splits, flag),
+                                 lambda call: _replay(module, base, call))
+
+
+def _replay(module: torch.nn.Module, base: Callable, call: Replayed) -> None:
+    """Make an inferred call again with TE's code, on zeros, as it was made (precision, grad
+    mode, training mode, shapes), for the module's own TE state; nothing listens."""
+    runtime: TERuntime = module._qaudit_runtime
+    x = torch.zeros(call.shape, dtype=call.dtype, device=_first_weight(module).device,
+                    requires_grad=call.requires_grad)
+    module.train(call.training)
+    with runtime.autocast(call.quant), torch.set_grad_enabled(call.grad):
+        _run_te(module, base, x, call.splits, call.flag)
+
+
+def _run_te(module: torch.nn.Module, base: Callable, x: torch.Tensor,
+            splits: Sequence[int] | None, flag: bool | None) -> torch.Tensor:
+    """Pad rows if quantized, call TE, attach the probe."""
     runtime: TERuntime = module._qaudit_runtime
     align = runtime.row_alignment()
     restore = None
@@ -389,6 +417,9 @@ class TERuntime:
         self._rules: dict[str, WgradRule] = {}
         self._recipe_classes = {name: self.api.recipe_class(spec.te_class)
                                 for name, spec in RECIPES.items()}
+        # Set by the audit (form_classes) for one run: TE's code for one module per class of
+        # identical ones, the rest inferred; None runs TE's code for every module.
+        self.inference: ClassInference | None = None
         # Delayed-scaling amax buffers of an earlier audit's modules are of no use here.
         self.api.reset_if_idle()
 
@@ -398,6 +429,15 @@ class TERuntime:
             return (f"te (TE {self.api.version} Python on CPU, kernels: qaudit CPU stand-in; "
                     f"posing as compute capability {_POSED})")
         return f"te (CUDA, TE {self.api.version})"
+
+    # -- inference by class (qaudit/runtime/te_infer.py) ----------------------------------
+
+    def form_classes(self, modules: Sequence[tuple[str, torch.nn.Module]],
+                     same_structure: Callable[[Any, Any], bool]) -> ClassInference:
+        """Start inferring over these (name, TE module) pairs, before their first call."""
+        self.inference = ClassInference()
+        self.inference.form_classes(modules, same_structure)
+        return self.inference
 
     # -- modules ------------------------------------------------------------------------
 
