@@ -645,3 +645,74 @@ def test_a_grouped_tensor_output_is_seen_as_the_main_grad_it_wraps():
     # --numeric makes no scratch copy of it: a repeat would write the real buffer.
     scratch = [torch.zeros_like(outs[0])]
     assert observe._into(signature, args, kwargs, outs, scratch, False) == (None, {})
+
+
+# -- open upstream threads left to the guard (QA052): planted writers of their shape ---------
+
+class _RouterFunction(torch.autograd.Function):
+    """The shape of Megatron-LM PR #6943 (open): a router's FP32 weight gradient written
+    straight into main_grad through TE's `general_gemm` held by a Megatron module, adding
+    unless the call's is_first_microbatch is True; a dummy gradient for DDP's hook."""
+
+    @staticmethod
+    def forward(ctx, x, weight, first):
+        ctx.save_for_backward(x)
+        ctx.weight, ctx.first = weight, first
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        gemm = sys.modules["megatron.core.transformer.moe.router"].general_gemm
+        gemm(x, grad, accumulate=not ctx.first, layout="NT", out=ctx.weight.main_grad, grad=True)
+        return grad @ ctx.weight, None, None
+
+
+def _router_step(monkeypatch, calls):
+    """Two microbatches through a router applied `calls` times (twice: a repeated MTP
+    layer), each call's wgrad told first on the first microbatch."""
+    router_module = types.ModuleType("megatron.core.transformer.moe.router")
+    router_module.general_gemm = _Gemms.general_gemm
+    monkeypatch.setitem(sys.modules, "megatron.core.transformer.moe.router", router_module)
+
+    class Router(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(4, 4))
+            self.weight.main_grad = torch.zeros(4, 4)
+
+        def forward(self, x, first):
+            return _RouterFunction.apply(x, self.weight, first)
+
+    torch.manual_seed(0)
+    router = Router()
+    observer = LiveObserver()
+
+    def body():
+        for microbatch in range(2):
+            observer.start_microbatch(microbatch)
+            hidden = torch.randn(3, 4)
+            for _ in range(calls):
+                hidden = router(hidden, microbatch == 0)
+            hidden.sum().backward()
+
+    _step(observer, torch.nn.ModuleDict({"router": router}), body)
+    return observer
+
+
+def test_a_router_wgrad_fused_through_te_gemm_that_overwrites_is_qa007(fake_te, monkeypatch):
+    """PR #6943's writer in a repeated MTP layer, both calls of the first microbatch told
+    first: the second call's GEMM overwrites the first's gradient. No TE module, no linear,
+    no modelled cause: the guard sees the write through TE's GEMM and calls it QA007."""
+    observer = _router_step(monkeypatch, calls=2)
+    assert [(s.microbatch, s.decision, s.lossy) for s in observer.seen.strays] == [
+        (0, "overwrite", True)]
+    assert _findings(observer) == [("QA007", "router")]
+
+
+def test_a_router_wgrad_fused_through_te_gemm_called_once_is_silent(fake_te, monkeypatch):
+    """The same writer in a layer run once per microbatch: its overwrite lands on the zeroed
+    buffer and the next microbatch adds; no record, no row, no finding."""
+    observer = _router_step(monkeypatch, calls=1)
+    assert observer.seen.strays == [] and "router" not in observer.seen.classes
+    assert _findings(observer) == []

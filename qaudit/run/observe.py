@@ -16,6 +16,8 @@ fact is read from their own code as it runs.
   watched `main_grad` is a write, with the `accumulate` TE's own backward chose. It is
   attributed to the call whose backward is running (an identity on each call's output arms
   the module just before its backward; delayed wgrad GEMMs drain that queue in order).
+  Other modules' parameters' `main_grad` (a router's) are watched too: a lossy overwrite of
+  one is a stray write (Megatron-LM PR #6943's shape); their other writes leave no record.
 - **Loss.** An overwrite of a buffer that something wrote since the step's zeroing is lossy:
   known from the writes seen, and, where the buffer was zeroed at the step's start, from its
   contents (any non-zero value was written by someone, whatever wrote it).
@@ -102,6 +104,9 @@ class _Buffer:
     # Every watched module whose calls write it: its owner, and any module handed the weight
     # (a tied output layer writes the embedding's buffer).
     writers: list[str] = field(default_factory=list)
+    # The weight of a module that is not a linear (a router's, an embedding's): no call of
+    # it is armed, so a GEMM write into it is a stray; only a lossy one is worth a record.
+    kind: str | None = None
 
 
 @dataclass
@@ -216,6 +221,9 @@ class LiveObserver:
         self._names: dict[int, str] = {}
         self._chunks: list[torch.nn.Module] = []
         self._modules: dict[str, torch.nn.Module] = {}
+        # Modules that are not linears but hold parameters: a wgrad fused into their
+        # main_grad through TE's GEMM (Megatron-LM PR #6943's router) is watched too.
+        self._others: dict[str, torch.nn.Module] = {}
         self._buffers: dict[int, _Buffer] = {}
         self._zeroed = False
         self._armed: dict[str, deque[CallRecord]] = defaultdict(deque)
@@ -237,9 +245,11 @@ class LiveObserver:
             bound = inner.__dict__.get("_qaudit_bindings") or {}
             for name, module in unwrapped_names(chunk):
                 is_te = bool(classes) and isinstance(module, classes)
-                if not is_te and not _is_mcore_linear(module):
-                    continue
                 row = prefix + name
+                if not is_te and not _is_mcore_linear(module):
+                    if any(True for _ in module.parameters(recurse=False)):
+                        self._others.setdefault(row, module)
+                    continue
                 if id(module) in self._names:
                     continue
                 self._names[id(module)] = row
@@ -269,13 +279,22 @@ class LiveObserver:
         for row, module in self._modules.items():
             for weight in weights_of(module):
                 self._register(weight, row, zeroed)
+        for row, module in self._others.items():  # after the linears: a tied weight is theirs
+            for weight in module.parameters(recurse=False):
+                buffer = getattr(weight, "main_grad", None)
+                if (isinstance(buffer, torch.Tensor) and buffer.numel()
+                        and buffer.data_ptr() not in self._buffers):
+                    self._buffers[buffer.data_ptr()] = _Buffer(
+                        row, zeroed=zeroed, writers=[row], kind=type(module).__name__)
 
     def _register(self, weight: torch.Tensor, row: str, zeroed: bool) -> None:
         buffer = getattr(weight, "main_grad", None)
         if isinstance(buffer, torch.Tensor) and buffer.numel():
             entry = self._buffers.get(buffer.data_ptr())
-            if entry is None:
-                entry = self._buffers[buffer.data_ptr()] = _Buffer(row, zeroed=zeroed)
+            if entry is None or entry.kind is not None:  # a linear's now (a tied output layer)
+                entry = self._buffers[buffer.data_ptr()] = _Buffer(
+                    row, zeroed=entry.zeroed if entry else zeroed,
+                    writes=entry.writes if entry else 0)
             if row not in entry.writers:
                 entry.writers.append(row)
 
@@ -405,6 +424,13 @@ class LiveObserver:
         lossy = not accumulate and (contents_before or any(e.writes for _, e in watched))
         for _, entry in watched:
             entry.writes += 1
+        if first.kind is not None:  # not a linear's: no call to credit
+            if lossy:
+                self.seen.classes.setdefault(owner, first.kind)  # its row, for the verdict
+                self.seen.strays.append(StrayWrite(module=owner, step=self.step,
+                                                   microbatch=self.microbatch,
+                                                   decision=decision, lossy=True))
+            return None
         # The call whose backward is running among the modules that write this buffer (a
         # buffer shared by tied weights has several).
         for writer in first.writers or [owner]:

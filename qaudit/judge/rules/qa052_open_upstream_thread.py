@@ -137,13 +137,15 @@ def check(facts: AuditFacts) -> Iterable[Hit]:
     Megatron-FSDP v2 (`megatron_fsdp_version: 2`) exists only in Megatron-LM after the 0.19
     releases, so those threads apply where the verdict is for main, a known commit or a
     checkout from then. Three threads of the same family have no setting in any release or
-    known commit and are left to the guard (QA007, a write no modelled cause explains):
+    known commit. Two are left to the guard (QA007, a write no modelled cause explains):
     Megatron-LM PR #6943 (open: the MoE router's FP32 weight gradient fused into
-    `main_grad`), PR #6279 (dev branch: DSA's custom wgrad copies into `main_grad` when
-    `is_first_microbatch` is True) and issue #6942 with its open PR #7101 (Megatron-FSDP v2
-    writing TE's fused wgrad into its reduce-scatter buffers, which must keep TE's
-    first-microbatch overwrite away from MTP and the output layer; main as read has v2 copy
-    each gradient instead).
+    `main_grad` through TE's `general_gemm`, which the guard wraps, into a buffer it
+    watches) and issue #6942 with its open PR #7101 (Megatron-FSDP v2 writing TE's fused
+    wgrad into its reduce-scatter buffers, which must keep TE's first-microbatch overwrite
+    away from MTP and the output layer; main as read has v2 copy each gradient instead).
+    The third, PR #6279 (dev branch: DSA's custom wgrad copies into `main_grad` with
+    `main_grad.copy_()` when `is_first_microbatch` is True), writes outside every GEMM entry
+    point the guard wraps: neither the audit nor the guard can check it today.
 
     Fix: per thread, the setting that avoids the path, or the upstream release that has the
     fix once there is one; check the run with `qaudit guard`.
