@@ -281,16 +281,20 @@ class LiveObserver:
                 self._register(weight, row, zeroed)
         for row, module in self._others.items():  # after the linears: a tied weight is theirs
             for weight in module.parameters(recurse=False):
-                buffer = getattr(weight, "main_grad", None)
-                if (isinstance(buffer, torch.Tensor) and buffer.numel()
-                        and buffer.data_ptr() not in self._buffers):
-                    self._buffers[buffer.data_ptr()] = _Buffer(
-                        row, zeroed=zeroed, writers=[row], kind=type(module).__name__)
+                self._register(weight, row, zeroed, kind=type(module).__name__)
 
-    def _register(self, weight: torch.Tensor, row: str, zeroed: bool) -> None:
+    def _register(self, weight: torch.Tensor, row: str, zeroed: bool,
+                  kind: str | None = None) -> None:
+        """`kind`: the class of a module that is not a linear; its weight's buffer is
+        recorded only where no linear already writes it."""
         buffer = getattr(weight, "main_grad", None)
         if isinstance(buffer, torch.Tensor) and buffer.numel():
             entry = self._buffers.get(buffer.data_ptr())
+            if kind is not None:
+                if entry is None:
+                    self._buffers[buffer.data_ptr()] = _Buffer(row, zeroed=zeroed,
+                                                               writers=[row], kind=kind)
+                return
             if entry is None or entry.kind is not None:  # a linear's now (a tied output layer)
                 entry = self._buffers[buffer.data_ptr()] = _Buffer(
                     row, zeroed=entry.zeroed if entry else zeroed,
