@@ -247,13 +247,23 @@ def started():
             item.communicate()
 
 
+def _as_a_terminal_starts_it() -> None:
+    """An interactive shell starts a command with SIGINT and SIGQUIT at their defaults. A
+    pytest started in the background of a non-interactive shell (`pytest &`, a CI step)
+    ignores both, and qaudit rightly keeps an ignored signal ignored (nohup): the Ctrl-C sent
+    here would never reach the job, and the test would wait out its deadline."""
+    for signum in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def _start_guarded(tmp_path: Path, started: list, *job_args: str
                    ) -> tuple[subprocess.Popen, int, int]:
     script = _script(tmp_path / "job.py", INTERRUPTIBLE)
     guarded = subprocess.Popen([PY, "-m", "qaudit", "guard", "--mode", "warn", "--", PY,
                                 script, str(tmp_path), *job_args], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # its own group: a terminal's
+                               start_new_session=True,  # its own group: a terminal's
+                               preexec_fn=_as_a_terminal_starts_it)
     started.append(guarded)
     _wait_for(tmp_path / "ready", guarded)
     pid, group = map(int, (tmp_path / "ready").read_text().split())
