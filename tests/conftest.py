@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -9,6 +10,11 @@ import pytest
 pytest_plugins = ["megatron_env"]
 
 REPO = Path(__file__).resolve().parent.parent
+# One torch thread per process, here and in every process a test starts (they inherit it):
+# pytest-xdist already runs a worker per core, so torch's own intra-op threads only
+# oversubscribe the cores, and idle ones spin. On the busy 2-core machine TE's case matrix
+# (tests/te_standin.py) took 7x the CPU time with two. A value set by the caller is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 CONFIGS = REPO / "configs"
 
 
