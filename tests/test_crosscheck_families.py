@@ -361,10 +361,11 @@ T5_FILES = (
 )
 
 
-def check_corpus_file(monkeypatch, capsys, name: str) -> None:
+def check_corpus_file(monkeypatch, capsys, name: str, path: Path | None = None) -> None:
     """One corpus file through --cross-check: every module compared after a training run with
-    no difference (tests/test_families_corpus_*.py, one file per half of the corpus)."""
-    code, report = cross_check(monkeypatch, capsys, str(CORPUS / name))
+    no difference (tests/test_families_corpus_*.py, one file per half of the corpus). `path`:
+    a copy of the file `name` to cross-check instead."""
+    code, report = cross_check(monkeypatch, capsys, str(path or CORPUS / name))
     result = report["cross_check"]
     if name in REFUSED:
         assert result["modules_compared"] == 0
