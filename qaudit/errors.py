@@ -35,8 +35,11 @@ def printable(text: str, keep_newlines: bool = False) -> str:
     line unless `keep_newlines` (then each renderer shows or encodes the newlines itself)."""
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() or (keep_newlines and c == "\n")
-                   else c.encode("unicode_escape").decode("ascii") for c in text)
+    # One escape per distinct character, applied in one pass (a whole rendered report can be
+    # millions of characters; a generator over each of them was seconds).
+    escapes = {ord(c): c.encode("unicode_escape").decode("ascii") for c in set(text)
+               if not (c.isprintable() or (keep_newlines and c == "\n"))}
+    return text.translate(escapes)
 
 
 class EnvironmentProblem(Exception):
