@@ -7,6 +7,7 @@ import of a later stage is still a dependency on it.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
 import subprocess
@@ -43,6 +44,12 @@ def stage_of(module: str) -> str:
     return top
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """Each module's tree, parsed once for every test here (they only read it)."""
+    return ast.parse(path.read_text())
+
+
 def modules() -> dict[str, Path]:
     found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -59,7 +66,7 @@ def imports_of(path: Path, name: str, run_time: bool = False,
     module uses is the submodule). `annotations=False`: annotation-only imports (under `if
     TYPE_CHECKING:`) left out."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     skipped = {id(inner) for node in ast.walk(tree) if not annotations
                and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
                for statement in node.body for inner in ast.walk(statement)}
@@ -229,10 +236,10 @@ def test_the_room_has_one_boot_entry_that_its_three_users_call():
     room = set(_room())
     past_the_entry = {name: sorted(used) for name, path in MODULES.items() if name not in room
                       for module, parts in BOOT_PARTS.items()
-                      if (used := _attributes_used(ast.parse(path.read_text()), module, parts))}
+                      if (used := _attributes_used(parsed(path), module, parts))}
     assert not past_the_entry
     for name in ROOM_ENTERED_BY:
-        assert _attributes_used(ast.parse(MODULES[name].read_text()), BOOT, {"enter"}), name
+        assert _attributes_used(parsed(MODULES[name]), BOOT, {"enter"}), name
 
 
 def test_the_boot_entry_check_sees_aliases_and_from_imports():
