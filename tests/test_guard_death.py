@@ -63,6 +63,7 @@ def leftovers():
             pass
 
 
+@pytest.mark.slow  # torchrun and its ranks: processes importing torch (CI runs it)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("wrapped", [False, True], ids=["torchrun", "shell-wrapped"])
 def test_killing_qaudit_ends_torchrun_and_its_workers(tmp_path, leftovers, wrapped):

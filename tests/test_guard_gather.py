@@ -33,6 +33,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # torchrun and its ranks: processes importing torch (CI runs it)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gloo over a file store")
 def test_the_gather_needs_no_numpy(tmp_path):
     store = tmp_path / "store"

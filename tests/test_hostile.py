@@ -93,6 +93,7 @@ PLANS = st.builds(
 )
 
 
+@pytest.mark.slow  # a campaign: 150 mutated inputs (CI runs it)
 # 150 examples: most fail while loading (milliseconds), the rest audit a model of at most
 # 4 layers x 8 experts for one step: ~15-50 s in all, depending on the machine's load. scripts/fuzz runs long campaigns.
 # derandomize: the same examples on every run (CI stays deterministic); database=None: no

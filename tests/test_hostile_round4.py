@@ -77,6 +77,7 @@ def test_a_bad_override_argument_is_exit_2_naming_it(argument, word, tmp_path):
     assert "argument 2 (" in err
 
 
+@pytest.mark.slow  # 1.5 million values parsed (CI runs it)
 def test_many_large_arguments_share_one_budget(tmp_path):
     """Each argument under the cap on its own, together past it: refused at the one that
     crosses it, before the rest are applied."""

@@ -126,6 +126,7 @@ def test_flags_mutated(tmp_path, write, name):
 DUMP = REPO / "configs" / "bridge-super-nvfp4-mtp-bf16.yaml"
 
 
+@pytest.mark.slow  # a campaign over every key read (CI runs it)
 def test_dump_keys_mutated(tmp_path):
     document = yaml.safe_load(DUMP.read_text())
     baseline = read_state(_write(tmp_path / "base.yaml", document))
@@ -146,6 +147,7 @@ def test_dump_keys_mutated(tmp_path):
             assert up is None, f"{section}.{key} moved to the top level was not refused"
 
 
+@pytest.mark.slow  # a campaign over every key read (CI runs it)
 def test_override_arguments_mutated():
     document = yaml.safe_load(DUMP.read_text())
     baseline = read_state(DUMP)
