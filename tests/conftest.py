@@ -76,10 +76,31 @@ def pytest_sessionstart(session):
             print(f"regenerated {line}")
 
 
+# The tests that take minutes, longest first (CI's --durations on an idle 2-core machine:
+# the TE-side sweep's shards 91-148 s each, TE's own modules per release 31-94 s, the
+# Nemotron-3 Ultra cross-check 62 s). In collection order they came last, and for minutes
+# one worker ran them alone while the other had finished.
+LONGEST_FIRST = ("tests/test_te_cpu_sweep_b.py", "tests/test_te_cpu_sweep_a.py",
+                 "tests/test_te_standin.py", "tests/test_families_corpus_megatron.py",
+                 "tests/test_guard_pretrain.py", "tests/test_guard_run.py",
+                 "tests/test_crosscheck_te_cpu.py")
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle, which it keeps within a rank
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--run-slow") or config.getoption("-m"):
+        rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
         return  # asked for everything, or chose with -m
     skip = pytest.mark.skip(reason="slow: run with --run-slow (CI does)")
     for item in items:
         if item.get_closest_marker("slow") is not None:
             item.add_marker(skip)
+
+
+def pytest_configure(config):
+    # pytest-xdist hands out tests in the order above, one at a time as a worker frees up
+    # (its default sends a quarter of a worker's share at once: the longest would all have
+    # gone to one worker). A chunk size the caller chose is kept.
+    if getattr(config.option, "maxschedchunk", "absent") is None:
+        config.option.maxschedchunk = 1
