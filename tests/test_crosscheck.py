@@ -292,6 +292,10 @@ def test_primary_quantized_weights_agree_with_megatron(megatron, monkeypatch, ca
     monkeypatch.setattr("qaudit.runtime.standin.te_package._quantized_init", [False])
     monkeypatch.setattr("qaudit.runtime.standin.te_package.fp8_model_init",
                         lambda *a, **k: contextlib.nullcontext())
+    # The stand-in's module objects are made once per process and the worker forks with them:
+    # made again there, with the planted fp8_model_init (an earlier test in this process may
+    # have made them: tests/test_standin_boot.py, a shuffled order found it).
+    monkeypatch.setattr("qaudit.runtime.standin.te_package._PACKAGE", None)
     code, report, _ = cross_check(monkeypatch, capsys, path, "--policy", "legacy")
     assert {d["field"] for d in report["cross_check"]["differences"]} == {"weight_cache"}
 
